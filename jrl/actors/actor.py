@@ -1,0 +1,53 @@
+"""Actor shell: steps a vector env with a pure policy and feeds an adder."""
+
+from typing import Callable, Optional
+
+import gymnasium as gym
+import jax
+import numpy as np
+
+from jrl.actors.variables import VariableClient
+from jrl.envs import EpisodeStats, EpisodeTracker, final_observations
+from jrl.types import PolicyFns, PRNGKey, Transition
+
+
+class Actor:
+  """Owns the env, the policy's state, the variable client and the adder.
+
+  `sink` receives the transitions each step completes (an adder chain into
+  replay); None for actors that only collect episode statistics.
+  """
+
+  def __init__(self, env: gym.vector.VectorEnv, policy: PolicyFns, variables: VariableClient,
+               key: PRNGKey, adder=None, sink: Optional[Callable[[Transition], None]] = None):
+    self._env = env
+    self._select_action = jax.jit(policy.select_action)
+    self._policy_state = policy.init(key)
+    self._variables = variables
+    self._adder = adder
+    self._sink = sink
+    self._obs, _ = env.reset()  # the env was seeded when it was made
+    self._obs = self._obs.astype(np.float32)
+    self._tracker = EpisodeTracker(env.num_envs)
+    self.num_envs = env.num_envs
+    self.env_steps = 0
+    self.behaviour_version = variables.version
+
+  def step(self) -> EpisodeStats:
+    """One vector step: num_envs env steps."""
+    self._variables.maybe_update()
+    self.behaviour_version = self._variables.version
+    action, _, self._policy_state = self._select_action(self._variables.params, self._obs, self._policy_state)
+    action = np.asarray(action)
+    next_obs, reward, terminated, truncated, info = self._env.step(action)
+    next_obs = next_obs.astype(np.float32)
+    done = np.logical_or(terminated, truncated)
+    if self._adder is not None:
+      bootstrap_obs = final_observations(next_obs, done, info)
+      transitions = self._adder.add(self._obs, action, reward.astype(np.float32), terminated, truncated,
+                                    bootstrap_obs)
+      if self._sink is not None:
+        self._sink(transitions)
+    self._obs = next_obs
+    self.env_steps += self.num_envs
+    return self._tracker.update(reward, done)

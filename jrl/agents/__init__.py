@@ -1,0 +1,14 @@
+"""Agent registry: name -> module providing the five pure pieces."""
+
+import importlib
+from types import ModuleType
+
+from jrl.errors import ConfigError
+
+AGENTS = {"dqn": "jrl.agents.dqn"}
+
+
+def get_agent(name: str) -> ModuleType:
+  if name not in AGENTS:
+    raise ConfigError("agent", f"unknown agent '{name}' (known: {', '.join(sorted(AGENTS))})")
+  return importlib.import_module(AGENTS[name])

@@ -1,0 +1,40 @@
+"""DQN policies: epsilon-greedy for acting, greedy for evaluation."""
+
+from typing import NamedTuple
+
+import distrax
+import jax
+import jax.numpy as jnp
+import optax
+
+from jrl.agents.dqn.config import Config
+from jrl.agents.dqn.networks import Networks
+from jrl.types import Array, PolicyFns, PRNGKey
+
+
+class ActorState(NamedTuple):
+  key: PRNGKey
+  env_steps: Array  # [] int32 env steps taken by this actor (drives the epsilon schedule)
+
+
+def epsilon_schedule(cfg: Config) -> optax.Schedule:
+  return optax.linear_schedule(cfg.epsilon_init, cfg.epsilon_final, cfg.epsilon_decay_steps)
+
+
+def make_policy(networks: Networks, cfg: Config, evaluation: bool = False) -> PolicyFns:
+  schedule = epsilon_schedule(cfg)
+
+  def init(key: PRNGKey) -> ActorState:
+    return ActorState(key, jnp.zeros((), jnp.int32))
+
+  def select_action(params, obs: Array, state: ActorState):
+    key, sample_key = jax.random.split(state.key)
+    q = networks.apply(params, obs)
+    if evaluation and cfg.eval_epsilon == 0.0:
+      action = jnp.argmax(q, axis=-1)
+    else:
+      epsilon = cfg.eval_epsilon if evaluation else schedule(state.env_steps)
+      action = distrax.EpsilonGreedy(q, epsilon).sample(seed=sample_key)
+    return action.astype(jnp.int32), {}, ActorState(key, state.env_steps + obs.shape[0])
+
+  return PolicyFns(init=init, select_action=select_action)

@@ -1,0 +1,63 @@
+"""DQN learner: pure init and update.
+
+Double Q-learning (van Hasselt et al., 2016) on n-step transitions, Huber loss,
+importance weights for prioritized replay (Schaul et al., 2016), periodic or
+Polyak target updates.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+import rlax
+
+from jrl.agents.dqn.config import Config
+from jrl.agents.dqn.networks import Networks
+from jrl.types import Array, LearnerBatch, LearnerFns, Params
+
+
+class TrainingState(NamedTuple):
+  params: Params
+  target_params: Params
+  opt_state: optax.OptState
+  steps: Array  # [] int32 updates done
+
+
+def td_errors(networks: Networks, params: Params, target_params: Params, batch: LearnerBatch) -> Array:
+  """Double-Q n-step TD errors [B]; `discount` already holds gamma^n (0 at termination)."""
+  t = batch.transitions
+  q_tm1 = networks.apply(params, t.observation)
+  q_t_value = networks.apply(target_params, t.next_observation)
+  q_t_selector = networks.apply(params, t.next_observation)
+  return jax.vmap(rlax.double_q_learning)(q_tm1, t.action.astype(jnp.int32), t.reward,
+                                          t.discount, q_t_value, q_t_selector)
+
+
+def make_learner(networks: Networks, cfg: Config) -> LearnerFns:
+  optimizer = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
+                          optax.adam(cfg.learning_rate, eps=cfg.adam_eps))
+
+  def init(key) -> TrainingState:
+    params = networks.init(key)
+    return TrainingState(params, params, optimizer.init(params), jnp.zeros((), jnp.int32))
+
+  def loss_fn(params, target_params, batch: LearnerBatch):
+    td = td_errors(networks, params, target_params, batch)
+    loss = jnp.mean(batch.weights * rlax.huber_loss(td, cfg.huber_delta))
+    return loss, td
+
+  def update(state: TrainingState, batch: LearnerBatch):
+    (loss, td), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, state.target_params, batch)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    steps = state.steps + 1
+    if cfg.target_update_tau > 0:
+      target_params = optax.incremental_update(params, state.target_params, cfg.target_update_tau)
+    else:
+      target_params = optax.periodic_update(params, state.target_params, steps, cfg.target_update_period)
+    metrics = {"loss": loss, "td_abs_mean": jnp.mean(jnp.abs(td)),
+               "grad_norm": optax.global_norm(grads), "priorities": jnp.abs(td)}
+    return TrainingState(params, target_params, opt_state, steps), metrics
+
+  return LearnerFns(init=init, update=update, params=lambda state: state.params)

@@ -1,0 +1,13 @@
+"""Errors that users cause and can fix; the command line prints them as one line."""
+
+
+class ConfigError(ValueError):
+  """A bad configuration value, environment or agent, found before any work starts.
+
+  The message names the offending field, e.g. "batch_size: must be > 0, got 0".
+  """
+
+  def __init__(self, field: str, problem: str):
+    self.field = field
+    self.problem = problem
+    super().__init__(f"{field}: {problem}")

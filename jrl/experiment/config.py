@@ -1,0 +1,36 @@
+"""Experiment configuration: what to run, for how long, and where results go."""
+
+import dataclasses
+import time
+
+from jrl.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+  """Settings shared by every agent; the agent's own live in its Config."""
+  agent: str = "dqn"                 # agent name (see jrl.agents.AGENTS)
+  env: str = "CartPole-v1"           # gymnasium environment id
+  seed: int = 0                      # seeds envs, networks, policies and replay sampling
+  steps: int = 50_000                # env-step budget of the actors
+  run_dir: str = ""                  # results folder; empty means runs/<agent>-<env>-s<seed>-<time>
+  deterministic: bool = False        # seeded in-process replay instead of Reverb: same seed, same bytes
+  num_envs: int = 8                  # envs stepped together by the actor
+  updates_per_call: int = 1          # SGD updates per jitted learner call (lax.scan)
+  prefetch: int = 2                  # learner batches prepared ahead (Reverb runs)
+  eval_every: int = 2_500            # env steps between evaluations
+  eval_episodes: int = 10            # greedy episodes per evaluation
+  stop_at_threshold: bool = False    # end the run once eval reaches the env's reward threshold
+  log_every: int = 1_000             # env steps between metric rows
+  progress_seconds: float = 2.0      # seconds between progress lines; 0 silences them
+
+  def __post_init__(self):
+    for name in ("steps", "num_envs", "updates_per_call", "prefetch", "eval_every",
+                 "eval_episodes", "log_every"):
+      if getattr(self, name) <= 0:
+        raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
+    if self.progress_seconds < 0:
+      raise ConfigError("progress_seconds", f"must be >= 0, got {self.progress_seconds}")
+
+  def default_run_dir(self) -> str:
+    return f"runs/{self.agent}-{self.env}-s{self.seed}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -1,0 +1,47 @@
+"""PNG plots of a run directory's metrics."""
+
+import csv
+import os
+from typing import Dict, List, Optional
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def read_csv(path: str) -> Dict[str, List[float]]:
+  columns: Dict[str, List[float]] = {}
+  if not os.path.exists(path):
+    return columns
+  with open(path) as f:
+    for row in csv.DictReader(f):
+      for key, value in row.items():
+        columns.setdefault(key, []).append(float(value))
+  return columns
+
+
+def plot_learning_curve(run_dir: str, title: str, reward_threshold: Optional[float]) -> str:
+  """eval return (and training episode return) against env steps -> plots/learning_curve.png."""
+  evaluation = read_csv(os.path.join(run_dir, "metrics", "evaluator.csv"))
+  actor = read_csv(os.path.join(run_dir, "metrics", "actor.csv"))
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  if actor.get("episode_return"):
+    ax.plot(actor["actor_steps"], actor["episode_return"], color="tab:gray", alpha=0.6,
+            label="training episodes (mean per row)")
+  if evaluation.get("eval_return"):
+    ax.plot(evaluation["actor_steps"], evaluation["eval_return"], "o-", color="tab:blue",
+            label="greedy evaluation (mean)")
+  if reward_threshold is not None:
+    ax.axhline(reward_threshold, color="tab:green", linestyle="--", label=f"threshold {reward_threshold:g}")
+  ax.set_xlabel("env steps")
+  ax.set_ylabel("return")
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  ax.legend(loc="best")
+  os.makedirs(os.path.join(run_dir, "plots"), exist_ok=True)
+  path = os.path.join(run_dir, "plots", "learning_curve.png")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path

@@ -1,0 +1,221 @@
+"""Single-process runner: actor, learner and evaluator interleaved in one process.
+
+Replay is an in-process Reverb server, or with `deterministic` a seeded
+in-process buffer (same seed, same bytes). Learner calls are scheduled so that
+transitions sampled track `samples_per_insert` x transitions inserted, the
+ratio Reverb's rate limiter enforces in distributed runs.
+"""
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional
+
+import jax
+import numpy as np
+
+from jrl import envs
+from jrl.actors.actor import Actor
+from jrl.actors.evaluator import Evaluator
+from jrl.actors.variables import VariableClient
+from jrl.agents import get_agent
+from jrl.experiment import plots
+from jrl.experiment.config import ExperimentConfig
+from jrl.experiment.logging import MetricsLogger, Progress, make_tensorboard
+from jrl.learners.learner import Learner, params_digest
+from jrl.replay.adders import BlockWriter, NStepTransitionAdder
+from jrl.replay.batches import PrefetchIterator, PreparedBatch, assemble, items_per_call
+from jrl.replay.buffer import SeededReplayBuffer
+from jrl.replay.spec import ReplaySpec
+from jrl.specs import EnvSpec
+from jrl.types import Transition
+
+
+class Replay(NamedTuple):
+  writer: Any                                  # insert(block, priority)
+  batches: Iterator[PreparedBatch]
+  update_priorities: Callable[[Dict[int, float]], None]
+  close: Callable[[], None]
+  kind: str
+
+
+def example_transition(spec: EnvSpec) -> Transition:
+  obs = np.zeros(spec.observation_shape, spec.observation_dtype)
+  return Transition(obs, np.zeros(spec.action_shape, spec.action_dtype), np.float32(0), np.float32(0), obs)
+
+
+def make_replay(spec: ReplaySpec, env_spec: EnvSpec, exp: ExperimentConfig, batch_size: int) -> Replay:
+  num_items = items_per_call(exp.updates_per_call, batch_size, spec.block_size)
+  importance = spec.importance_exponent if spec.prioritized else None
+  shuffle_rng = np.random.default_rng(exp.seed + 1)
+
+  if exp.deterministic:
+    buffer = SeededReplayBuffer(spec, seed=exp.seed)
+
+    def synchronous_batches():
+      while True:
+        yield assemble(buffer.sample(num_items), exp.updates_per_call, batch_size, importance, shuffle_rng)
+
+    return Replay(buffer, synchronous_batches(), buffer.update_priorities, lambda: None, "seeded")
+
+  from jrl.replay import reverb_replay  # the only path that loads reverb and TensorFlow
+
+  signature = reverb_replay.transition_signature(example_transition(env_spec), spec.block_size)
+  # Leeway for the batches prepared ahead plus the samples the dataset keeps in flight.
+  error_buffer = (exp.prefetch + 4) * num_items
+  server = reverb_replay.start_server([reverb_replay.make_table(spec, signature, error_buffer)])
+  address = f"localhost:{server.port}"
+  client = reverb_replay.reverb.Client(address)
+  writer = reverb_replay.ReverbItemWriter(client)
+  sampler = reverb_replay.ReverbItemSampler(address, num_items)
+
+  def produce() -> PreparedBatch:
+    prepared = assemble(sampler.sample(), exp.updates_per_call, batch_size, importance, shuffle_rng)
+    return prepared._replace(batch=jax.device_put(prepared.batch))
+
+  batches = PrefetchIterator(produce, depth=exp.prefetch)
+
+  def close():
+    batches.close()
+    writer.close()
+    server.stop()
+
+  return Replay(writer, batches, reverb_replay.ReverbPriorityUpdater(client), close, "reverb")
+
+
+def _json_default(value):
+  if isinstance(value, tuple):
+    return list(value)
+  raise TypeError(f"not JSON serialisable: {value!r}")
+
+
+def write_json(path: str, payload: Dict) -> None:
+  with open(path, "w") as f:
+    json.dump(payload, f, indent=2, default=_json_default)
+    f.write("\n")
+
+
+def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
+  """Trains `exp.agent` on `exp.env` for `exp.steps` env steps; returns the summary."""
+  agent = get_agent(exp.agent)
+  threshold = envs.reward_threshold(exp.env)
+  env = envs.make_vector_env(exp.env, exp.num_envs, exp.seed)
+  env_spec = envs.env_spec(env)
+  networks = agent.make_networks(env_spec, agent_cfg)
+  replay_spec = agent.make_replay_spec(agent_cfg)
+
+  run_dir = exp.run_dir or exp.default_run_dir()
+  os.makedirs(run_dir, exist_ok=True)
+  write_json(os.path.join(run_dir, "config.json"),
+             {"experiment": dataclasses.asdict(exp), "agent": dataclasses.asdict(agent_cfg)})
+
+  learner_key, actor_key, eval_key = jax.random.split(jax.random.PRNGKey(exp.seed), 3)
+  replay = make_replay(replay_spec, env_spec, exp, agent_cfg.batch_size)
+  learner = Learner(agent.make_learner(networks, agent_cfg), learner_key, replay.batches,
+                    replay.update_priorities if replay_spec.prioritized else None)
+  block_writer = BlockWriter(replay.writer, replay_spec.block_size)
+  adder = NStepTransitionAdder(exp.num_envs, getattr(agent_cfg, "n_step", 1), agent_cfg.discount)
+  actor = Actor(env, agent.make_policy(networks, agent_cfg), VariableClient(learner), actor_key,
+                adder=adder, sink=block_writer.add)
+  evaluator = Evaluator(exp.env, agent.make_policy(networks, agent_cfg, evaluation=True),
+                        exp.eval_episodes, seed=exp.seed + 10_000)
+
+  tb = make_tensorboard(run_dir)
+  loggers = {role: MetricsLogger(run_dir, role, tb) for role in ("actor", "learner", "evaluator")}
+  progress = Progress(f"{exp.agent} {exp.env} s{exp.seed}", exp.progress_seconds)
+  samples_per_call = exp.updates_per_call * agent_cfg.batch_size
+
+  start = time.monotonic()
+  episodes_total = 0
+  recent_returns: List[float] = []
+  recent_lengths: List[int] = []
+  eval_history: List[float] = []
+  steps_to_threshold: Optional[int] = None
+  learner_metrics: Dict[str, float] = {}
+  next_log, next_eval = exp.log_every, exp.eval_every
+  last_log = (start, 0, 0)  # time, actor steps, learner steps
+
+  last_eval_steps = -1
+
+  def evaluate():
+    nonlocal steps_to_threshold, last_eval_steps
+    last_eval_steps = actor.env_steps
+    returns = evaluator.run(learner.get_variables()[0])
+    mean_return = float(np.mean(returns))
+    eval_history.append(mean_return)
+    if steps_to_threshold is None and threshold is not None and mean_return >= threshold:
+      steps_to_threshold = actor.env_steps
+    loggers["evaluator"].write({"actor_steps": actor.env_steps, "learner_steps": learner.steps,
+                                "eval_return": mean_return, "eval_return_std": float(np.std(returns)),
+                                "eval_return_min": float(np.min(returns)),
+                                "eval_return_max": float(np.max(returns)),
+                                "wall_seconds": time.monotonic() - start})
+
+  try:
+    while actor.env_steps < exp.steps:
+      stats = actor.step()
+      episodes_total += len(stats.returns)
+      recent_returns += stats.returns
+      recent_lengths += stats.lengths
+
+      inserted = block_writer.transitions_written
+      if inserted >= replay_spec.min_size:
+        calls_owed = int((inserted - replay_spec.min_size) * replay_spec.samples_per_insert // samples_per_call) + 1
+        while learner.version < calls_owed:
+          learner_metrics = learner.step()
+
+      if actor.env_steps >= next_eval:
+        next_eval += exp.eval_every
+        evaluate()
+        if exp.stop_at_threshold and steps_to_threshold is not None:
+          break
+
+      if actor.env_steps >= next_log:
+        next_log += exp.log_every
+        now = time.monotonic()
+        dt = max(now - last_log[0], 1e-9)
+        actor_sps = (actor.env_steps - last_log[1]) / dt
+        updates_ps = (learner.steps - last_log[2]) / dt
+        last_log = (now, actor.env_steps, learner.steps)
+        loggers["actor"].write({"actor_steps": actor.env_steps, "episodes": episodes_total,
+                                "episode_return": float(np.mean(recent_returns)) if recent_returns else float("nan"),
+                                "episode_length": float(np.mean(recent_lengths)) if recent_lengths else float("nan"),
+                                "steps_per_second": actor_sps, "wall_seconds": now - start})
+        if learner_metrics:
+          loggers["learner"].write({"actor_steps": actor.env_steps, "learner_steps": learner.steps,
+                                    **learner_metrics, "updates_per_second": updates_ps,
+                                    "wall_seconds": now - start})
+        episode_text = f"{np.mean(recent_returns):.1f}" if recent_returns else "-"
+        eval_text = f"{eval_history[-1]:.1f} (best {max(eval_history):.1f})" if eval_history else "-"
+        progress.maybe_print(f"steps {actor.env_steps}/{exp.steps} | {actor_sps:.0f} steps/s | "
+                             f"updates {learner.steps} ({updates_ps:.0f}/s) | episode return {episode_text} | "
+                             f"eval {eval_text}")
+        recent_returns, recent_lengths = [], []
+
+    if last_eval_steps != actor.env_steps:  # always finish on an evaluation of the final parameters
+      evaluate()
+  finally:
+    replay.close()
+    evaluator.close()
+    env.close()
+    for logger in loggers.values():
+      logger.close()
+    tb.close()
+
+  wall = time.monotonic() - start
+  summary = {
+      "agent": exp.agent, "env": exp.env, "seed": exp.seed, "replay": replay.kind,
+      "actor_steps": actor.env_steps, "learner_steps": learner.steps,
+      "wall_seconds": round(wall, 3),
+      "eval_return": eval_history[-1], "best_eval_return": max(eval_history),
+      "reward_threshold": threshold, "steps_to_threshold": steps_to_threshold,
+      "params_digest": params_digest(learner.get_variables()[0]),
+  }
+  write_json(os.path.join(run_dir, "summary.json"), summary)
+  plots.plot_learning_curve(run_dir, f"{exp.agent} on {exp.env}, seed {exp.seed}", threshold)
+  progress.maybe_print(f"done: {actor.env_steps} steps in {wall:.1f}s | eval {summary['eval_return']:.1f} "
+                       f"(best {summary['best_eval_return']:.1f}) | steps to threshold {steps_to_threshold} | "
+                       f"{run_dir}", force=True)
+  summary["run_dir"] = run_dir
+  return summary

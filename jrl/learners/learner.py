@@ -1,0 +1,57 @@
+"""Learner shell: batches -> jitted multi-step update -> parameters and priorities."""
+
+import hashlib
+from typing import Callable, Dict, Iterator, Optional, Tuple
+
+import jax
+import numpy as np
+
+from jrl.replay.batches import PreparedBatch, item_priorities
+from jrl.types import LearnerFns, PRNGKey
+
+
+def make_multi_update(update):
+  """U updates in one call: `lax.scan` of `update` over a [U, B, ...] stack of batches."""
+  def update_many(state, batches):
+    return jax.lax.scan(update, state, batches)
+  return update_many
+
+
+def params_digest(params) -> str:
+  """sha256 over the bytes of every parameter leaf, in tree order."""
+  digest = hashlib.sha256()
+  for leaf in jax.tree_util.tree_leaves(params):
+    digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+  return digest.hexdigest()
+
+
+class Learner:
+  """Owns the training state; serves (params, version) as a variable source."""
+
+  def __init__(self, fns: LearnerFns, key: PRNGKey, batches: Iterator[PreparedBatch],
+               update_priorities: Optional[Callable[[Dict[int, float]], None]] = None):
+    self._fns = fns
+    self._state = jax.jit(fns.init)(key)
+    self._batches = batches
+    self._update_priorities = update_priorities
+    # No buffer donation: actors may still hold the previous parameters.
+    self._update_many = jax.jit(make_multi_update(fns.update))
+    self.steps = 0   # SGD updates done
+    self.version = 0  # learner calls done
+
+  @property
+  def state(self):
+    return self._state
+
+  def step(self) -> Dict[str, float]:
+    prepared = next(self._batches)
+    self._state, metrics = self._update_many(self._state, prepared.batch)
+    priorities = metrics.pop("priorities", None)
+    if self._update_priorities is not None and priorities is not None:
+      self._update_priorities(item_priorities(np.asarray(priorities), prepared.item_keys, prepared.item_index))
+    self.steps += int(prepared.batch.weights.shape[0])
+    self.version += 1
+    return {k: float(np.mean(v)) for k, v in jax.device_get(metrics).items()}
+
+  def get_variables(self) -> Tuple[object, int]:
+    return self._fns.params(self._state), self.version

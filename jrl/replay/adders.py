@@ -1,0 +1,118 @@
+"""Adders: turn a vector env's steps into n-step transitions and replay blocks.
+
+Pure numpy and independent of the replay backend: `NStepTransitionAdder`
+emits transitions, `BlockWriter` groups them into fixed-size items for any
+writer with `insert(block, priority)`.
+"""
+
+from typing import List, Optional, Protocol
+
+import numpy as np
+
+from jrl.types import Transition
+
+
+def _concat(parts: List[Transition]) -> Transition:
+  return Transition(*[np.concatenate(field) for field in zip(*parts)])
+
+
+def _empty_like(obs: np.ndarray, action: np.ndarray) -> Transition:
+  return Transition(obs[:0], action[:0], np.zeros(0, np.float32), np.zeros(0, np.float32), obs[:0])
+
+
+class NStepTransitionAdder:
+  """n-step transitions from a vector env, episode boundaries handled.
+
+  For a window of n steps starting at t the transition is
+  (o_t, a_t, sum_{k<n} gamma^k r_{t+k+1}, gamma^n, o_{t+n}). When an episode
+  ends inside the window the remaining windows are flushed with the true final
+  observation: discount 0 on termination (no bootstrap), gamma^k on truncation
+  (bootstrap from the final observation).
+
+  The common case (no episode ended) is vectorised over envs; ends are rare.
+  """
+
+  def __init__(self, num_envs: int, n_step: int, discount: float):
+    if n_step < 1:
+      raise ValueError(f"n_step must be >= 1, got {n_step}")
+    self._n = n_step
+    self._gamma = float(discount)
+    self._num_envs = num_envs
+    self._count = np.zeros(num_envs, np.int64)  # valid steps in the window, <= n
+    self._obs: Optional[np.ndarray] = None      # [n, E, *obs] oldest first
+    self._act: Optional[np.ndarray] = None      # [n, E, *act]
+    self._rew = np.zeros((n_step, num_envs), np.float32)
+    self._powers = self._gamma ** np.arange(n_step, dtype=np.float64)
+
+  def add(self, obs, action, reward, terminated, truncated, next_obs) -> Transition:
+    """Adds one vector step; returns the transitions completed by it."""
+    obs, action = np.asarray(obs), np.asarray(action)
+    if self._obs is None:
+      self._obs = np.zeros((self._n,) + obs.shape, obs.dtype)
+      self._act = np.zeros((self._n,) + action.shape, action.dtype)
+    for hist, new in ((self._obs, obs), (self._act, action), (self._rew, reward)):
+      hist[:-1] = hist[1:]
+      hist[-1] = new
+    self._count = np.minimum(self._count + 1, self._n)
+    done = np.logical_or(terminated, truncated)
+
+    parts = []
+    full = (self._count == self._n) & ~done
+    if full.any():
+      returns = (self._powers[:, None] * self._rew).sum(0).astype(np.float32)
+      parts.append(Transition(self._obs[0, full], self._act[0, full], returns[full],
+                              np.full(int(full.sum()), self._gamma ** self._n, np.float32),
+                              np.asarray(next_obs)[full]))
+    for env in np.flatnonzero(done):
+      parts.append(self._flush(env, bool(terminated[env]), np.asarray(next_obs)[env]))
+      self._count[env] = 0
+    return _concat(parts) if parts else _empty_like(obs, action)
+
+  def _flush(self, env: int, terminated: bool, final_obs: np.ndarray) -> Transition:
+    count = int(self._count[env])
+    starts = range(self._n - count, self._n)
+    rewards = self._rew[:, env].astype(np.float64)
+    returns, discounts = [], []
+    for s in starts:
+      horizon = self._n - s
+      returns.append((self._powers[:horizon] * rewards[s:]).sum())
+      discounts.append(0.0 if terminated else self._gamma ** horizon)
+    return Transition(self._obs[self._n - count:, env], self._act[self._n - count:, env],
+                      np.asarray(returns, np.float32), np.asarray(discounts, np.float32),
+                      np.repeat(final_obs[None], count, axis=0))
+
+
+class ItemWriter(Protocol):
+  def insert(self, block: Transition, priority: float) -> None:
+    ...
+
+
+class BlockWriter:
+  """Stages transitions and writes them as items of exactly `block_size`."""
+
+  def __init__(self, writer: ItemWriter, block_size: int, initial_priority: float = 1.0):
+    self._writer = writer
+    self._block_size = block_size
+    self._priority = initial_priority
+    self._staged: List[Transition] = []
+    self._num_staged = 0
+    self.transitions_written = 0
+
+  def add(self, transitions: Transition) -> None:
+    n = len(transitions.reward)
+    if n == 0:
+      return
+    self._staged.append(transitions)
+    self._num_staged += n
+    if self._num_staged < self._block_size:
+      return
+    staged = _concat(self._staged)
+    num_blocks = self._num_staged // self._block_size
+    for b in range(num_blocks):
+      sl = slice(b * self._block_size, (b + 1) * self._block_size)
+      self._writer.insert(Transition(*[np.ascontiguousarray(x[sl]) for x in staged]), self._priority)
+    used = num_blocks * self._block_size
+    self.transitions_written += used
+    rest = Transition(*[x[used:] for x in staged])
+    self._staged = [rest] if len(rest.reward) else []
+    self._num_staged -= used

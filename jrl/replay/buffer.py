@@ -1,0 +1,79 @@
+"""A seeded in-process replay buffer with the same item interface as Reverb.
+
+Reverb's samplers cannot be seeded, so `--deterministic` runs use this buffer:
+same seed, same samples, same bytes. Items are blocks of transitions, evicted
+first-in first-out; sampling is uniform or prioritized (p_i^alpha / sum p^alpha),
+as Reverb's Uniform and Prioritized samplers do.
+"""
+
+from typing import Dict, NamedTuple, Optional
+
+import numpy as np
+
+from jrl.replay.spec import ReplaySpec
+from jrl.types import Transition
+
+
+class SampledItems(NamedTuple):
+  keys: np.ndarray           # [N] uint64 item keys, for priority updates
+  probabilities: np.ndarray  # [N] probability with which each item was drawn
+  table_size: int            # items in the table when sampled
+  data: Transition           # [N, block_size, ...]
+
+
+class SeededReplayBuffer:
+  """FIFO block storage with seeded uniform or prioritized sampling."""
+
+  def __init__(self, spec: ReplaySpec, seed: int):
+    self._spec = spec
+    self._capacity = spec.max_items
+    self._rng = np.random.default_rng(seed)
+    self._storage: Optional[Transition] = None
+    self._priorities = np.zeros(self._capacity, np.float64)
+    self._inserted = 0
+
+  @property
+  def size(self) -> int:
+    return min(self._inserted, self._capacity)
+
+  @property
+  def items_inserted(self) -> int:
+    return self._inserted
+
+  def insert(self, block: Transition, priority: float) -> None:
+    if self._storage is None:
+      self._storage = Transition(*[np.zeros((self._capacity,) + x.shape, x.dtype) for x in block])
+    slot = self._inserted % self._capacity
+    for store, x in zip(self._storage, block):
+      store[slot] = x
+    self._priorities[slot] = priority
+    self._inserted += 1
+
+  def sample(self, num_items: int) -> SampledItems:
+    size = self.size
+    if size < self._spec.min_items:
+      raise RuntimeError(f"replay holds {size} items, fewer than min_size {self._spec.min_items}")
+    if self._spec.prioritized:
+      weights = self._priorities[:size] ** self._spec.priority_exponent
+      probs = weights / weights.sum()
+      slots = self._rng.choice(size, size=num_items, p=probs)
+      item_probs = probs[slots]
+    else:
+      slots = self._rng.integers(0, size, size=num_items)
+      item_probs = np.full(num_items, 1.0 / size)
+    keys = self._keys_of(slots)
+    data = Transition(*[store[slots] for store in self._storage])
+    return SampledItems(keys, item_probs, size, data)
+
+  def update_priorities(self, priorities: Dict[int, float]) -> None:
+    oldest = self._inserted - self.size
+    for key, priority in priorities.items():
+      if key >= oldest:  # items already evicted are ignored, as in Reverb
+        self._priorities[key % self._capacity] = priority
+
+  def _keys_of(self, slots: np.ndarray) -> np.ndarray:
+    # The key is the insertion index; slot = key % capacity.
+    newest_slot = (self._inserted - 1) % self._capacity
+    base = self._inserted - 1 - newest_slot
+    keys = np.where(slots <= newest_slot, base + slots, base - self._capacity + slots)
+    return keys.astype(np.uint64)

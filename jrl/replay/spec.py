@@ -1,0 +1,44 @@
+"""What an agent asks of replay: table kind, item layout and rate limiting."""
+
+import dataclasses
+
+from jrl.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplaySpec:
+  """Replay settings an agent derives from its config.
+
+  Items are blocks of `block_size` transitions: Reverb costs ~150 us per call,
+  so one item per env step caps inserts near 6k/s, while a block amortises the
+  call. Learner batches are drawn from many blocks at once and shuffled across
+  them (see `jrl.replay.batches`), which keeps batches close to i.i.d.
+  """
+  block_size: int = 8
+  max_size: int = 100_000           # transitions
+  min_size: int = 1_000             # transitions before the learner may sample
+  samples_per_insert: float = 32.0  # transitions sampled per transition inserted
+  prioritized: bool = False
+  priority_exponent: float = 0.6    # alpha
+  importance_exponent: float = 0.4  # beta
+  # Leeway of the sample/insert rate limiter, in transitions sampled.
+  rate_limiter_error_buffer: float = 0.0
+
+  def __post_init__(self):
+    for name in ("block_size", "max_size"):
+      if getattr(self, name) <= 0:
+        raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
+    if self.min_size < self.block_size:
+      raise ConfigError("min_replay_size", f"must be >= block_size ({self.block_size}), got {self.min_size}")
+    if self.max_size < self.min_size:
+      raise ConfigError("max_replay_size", f"must be >= min_replay_size ({self.min_size}), got {self.max_size}")
+    if self.samples_per_insert <= 0:
+      raise ConfigError("samples_per_insert", f"must be > 0, got {self.samples_per_insert}")
+
+  @property
+  def max_items(self) -> int:
+    return max(1, self.max_size // self.block_size)
+
+  @property
+  def min_items(self) -> int:
+    return max(1, self.min_size // self.block_size)

@@ -1,0 +1,85 @@
+"""Command-line flags generated from config dataclasses: one flag per field."""
+
+import argparse
+import dataclasses
+import sys
+import typing
+from typing import Any, Dict, NoReturn, Sequence, Tuple, Type
+
+from jrl.errors import ConfigError
+
+
+class OneLineParser(argparse.ArgumentParser):
+  """argparse whose errors are a single line and exit status 2."""
+
+  def error(self, message: str) -> NoReturn:
+    if message.startswith("unrecognized arguments"):
+      unknown = message.split(":", 1)[1].strip()
+      message = f"unknown config field or flag: {unknown} (see --help)"
+    print(f"{self.prog}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_bool(text: str) -> bool:
+  lowered = str(text).lower()
+  if lowered in ("1", "true", "yes", "on"):
+    return True
+  if lowered in ("0", "false", "no", "off"):
+    return False
+  raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+def parse_int_tuple(text: str) -> Tuple[int, ...]:
+  try:
+    return tuple(int(part) for part in str(text).split(",") if part.strip())
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from e
+
+
+def _field_doc(cls: Type, name: str) -> str:
+  """The trailing `# comment` of a dataclass field, used as its help text."""
+  import inspect
+  try:
+    source = inspect.getsource(cls)
+  except (OSError, TypeError):
+    return ""
+  for line in source.splitlines():
+    stripped = line.strip()
+    if stripped.startswith(f"{name}:") and "#" in stripped:
+      return stripped.split("#", 1)[1].strip()
+  return ""
+
+
+def add_dataclass_flags(parser: argparse.ArgumentParser, cls: Type, title: str, skip: Sequence[str] = ()) -> None:
+  group = parser.add_argument_group(title)
+  hints = typing.get_type_hints(cls)
+  for field in dataclasses.fields(cls):
+    if field.name in skip:
+      continue
+    hint = hints[field.name]
+    default = field.default
+    doc = _field_doc(cls, field.name)
+    if hint is bool:
+      group.add_argument(f"--{field.name}", type=parse_bool, nargs="?", const=True, default=None,
+                         metavar="BOOL", help=f"{doc} (default {default})")
+    elif typing.get_origin(hint) is tuple:
+      group.add_argument(f"--{field.name}", type=parse_int_tuple, default=None, metavar="N,N",
+                         help=f"{doc} (default {','.join(map(str, default))})")
+    else:
+      group.add_argument(f"--{field.name}", type=hint, default=None,
+                         metavar=hint.__name__.upper(), help=f"{doc} (default {default})")
+
+
+def build_config(cls: Type, args: argparse.Namespace) -> Any:
+  """The dataclass with every flag that was given; validation errors name the field."""
+  overrides: Dict[str, Any] = {}
+  for field in dataclasses.fields(cls):
+    value = getattr(args, field.name, None)
+    if value is not None:
+      overrides[field.name] = value
+  return cls(**overrides)
+
+
+def fail(prog: str, error: ConfigError) -> NoReturn:
+  print(f"{prog}: error: {error}", file=sys.stderr)
+  sys.exit(2)

@@ -1,0 +1,53 @@
+"""Train an agent.
+
+  python -m launch.train --agent dqn --env CartPole-v1 --seed 0 --steps 50000 --run_dir DIR
+
+Every field of the experiment config and of the agent's config is a flag;
+`--agent NAME --help` lists that agent's fields.
+"""
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from launch.cli import OneLineParser, add_dataclass_flags, build_config, fail
+
+PROG = "python -m launch.train"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  from jrl.agents import AGENTS, get_agent
+  from jrl.errors import ConfigError
+  from jrl.experiment.config import ExperimentConfig
+
+  pre = argparse.ArgumentParser(add_help=False)
+  pre.add_argument("--agent", default=ExperimentConfig.agent)
+  known, _ = pre.parse_known_args(argv)
+  try:
+    agent = get_agent(known.agent)
+  except ConfigError as e:
+    fail(PROG, e)
+
+  parser = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  add_dataclass_flags(parser, ExperimentConfig, "experiment")
+  add_dataclass_flags(parser, agent.Config, f"agent '{known.agent}' (known agents: {', '.join(sorted(AGENTS))})")
+  args = parser.parse_args(argv)
+
+  try:
+    exp = build_config(ExperimentConfig, args)
+    agent_cfg = build_config(agent.Config, args)
+    from jrl.envs import check_env_id
+    check_env_id(exp.env)
+    from jrl.experiment.runner import run
+    run(exp, agent_cfg)
+  except ConfigError as e:
+    fail(PROG, e)
+  except KeyboardInterrupt:
+    print(f"{PROG}: interrupted", file=sys.stderr)
+    return 130
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

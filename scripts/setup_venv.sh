@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Creates .venv/ at the repo root with the pinned stack, once.
+# dm-launchpad 0.5.2 ships wheels only up to CPython 3.10, so everything is pinned to 3.10.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+find_python310() {
+  local candidate
+  for candidate in python3.10 python3 python; do
+    if command -v "$candidate" >/dev/null 2>&1 \
+       && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 10))' >/dev/null 2>&1; then
+      command -v "$candidate"; return 0
+    fi
+  done
+  if command -v pyenv >/dev/null 2>&1; then
+    local root version
+    root="$(pyenv root)"
+    for version in $(ls "$root/versions" 2>/dev/null | grep -E '^3\.10(\.|$)' | sort -V -r); do
+      if [ -x "$root/versions/$version/bin/python" ]; then
+        echo "$root/versions/$version/bin/python"; return 0
+      fi
+    done
+  fi
+  return 1
+}
+
+STAMP=.venv/.jrl-installed
+if [ -f "$STAMP" ] && cmp -s "$STAMP" requirements-lock.txt; then
+  exit 0
+fi
+
+if ! PYTHON="$(find_python310)"; then
+  echo "jrl needs Python 3.10 (dm-launchpad 0.5.2 has no wheels for newer Pythons); none found on PATH or in pyenv. Install one, e.g. 'pyenv install 3.10.13', then rerun." >&2
+  exit 2
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv with $("$PYTHON" --version 2>&1)"
+  "$PYTHON" -m venv .venv
+fi
+echo "[setup] installing pinned stack from requirements-lock.txt"
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -r requirements-lock.txt
+.venv/bin/python -m pip install -q --no-deps -e .
+cp requirements-lock.txt "$STAMP"
+echo "[setup] done"
