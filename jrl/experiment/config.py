@@ -16,7 +16,7 @@ class ExperimentConfig:
   run_dir: str = ""                  # results folder; empty means runs/<agent>-<env>-s<seed>-<time>
   deterministic: bool = False        # seeded in-process replay instead of Reverb: same seed, same bytes
   num_envs: int = 8                  # envs stepped together by the actor
-  updates_per_call: int = 1          # SGD updates per jitted learner call (lax.scan)
+  updates_per_call: int = 4          # SGD updates per jitted learner call (lax.scan)
   prefetch: int = 2                  # learner batches prepared ahead (Reverb runs)
   eval_every: int = 2_500            # env steps between evaluations
   eval_episodes: int = 10            # greedy episodes per evaluation

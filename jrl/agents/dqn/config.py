@@ -20,10 +20,10 @@ class Config:
   target_update_period: int = 250   # updates between target copies (used when target_update_tau == 0)
   target_update_tau: float = 0.0    # Polyak step size per update; 0 means periodic copies
   # Optimiser.
-  learning_rate: float = 5e-4
+  learning_rate: float = 1e-3
   adam_eps: float = 1e-8
   max_grad_norm: float = 10.0
-  batch_size: int = 64
+  batch_size: int = 128
   # Network.
   hidden_sizes: Tuple[int, ...] = (128, 128)
   dueling: bool = False
@@ -35,7 +35,7 @@ class Config:
   # Replay.
   min_replay_size: int = 1_000      # transitions
   max_replay_size: int = 100_000    # transitions
-  samples_per_insert: float = 32.0  # transitions sampled per transition inserted
+  samples_per_insert: float = 128.0  # transitions sampled per transition inserted (128 = one update per env step)
   block_size: int = 8               # transitions per replay item
   prioritized: bool = False
   priority_exponent: float = 0.6
