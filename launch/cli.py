@@ -10,7 +10,12 @@ from jrl.errors import ConfigError
 
 
 class OneLineParser(argparse.ArgumentParser):
-  """argparse whose errors are a single line and exit status 2."""
+  """argparse whose errors are a single line and exit status 2; no abbreviated flags
+  (a typo like --learning_rat must not silently set --learning_rate)."""
+
+  def __init__(self, *args, **kwargs):
+    kwargs.setdefault("allow_abbrev", False)
+    super().__init__(*args, **kwargs)
 
   def error(self, message: str) -> NoReturn:
     if message.startswith("unrecognized arguments"):

@@ -75,6 +75,10 @@ class ReverbItemWriter:
                          "(dead, or blocked by its rate limiter)") from e
     self.items_inserted += 1
 
+  def flush(self) -> None:
+    """Blocks until every created item has reached the server."""
+    self._writer.flush(0, timeout_ms=INSERT_TIMEOUT_MS)
+
   def close(self) -> None:
     self._writer.end_episode(clear_buffers=True)
     self._writer.close()

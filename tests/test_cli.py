@@ -1,0 +1,61 @@
+"""The command line: bad input gets one clear line and exit status 2; --help lists every field."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jrl.agents import dqn
+from jrl.experiment.config import ExperimentConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+BAD_INPUTS = {
+    "unknown env": (["--env", "NoSuchEnv-v0"], "env: unknown gymnasium id 'NoSuchEnv-v0'"),
+    "unknown agent": (["--agent", "nope"], "agent: unknown agent 'nope'"),
+    "continuous actions for dqn": (["--env", "Pendulum-v1"], "agent: dqn needs a Discrete action space"),
+    "zero steps": (["--steps", "0"], "steps: must be > 0, got 0"),
+    "negative steps": (["--steps", "-5"], "steps: must be > 0, got -5"),
+    "zero batch size": (["--batch_size", "0"], "batch_size: must be > 0, got 0"),
+    "unknown field": (["--learning_rat", "0.1"], "unknown config field or flag: --learning_rat"),
+    "bad value type": (["--steps", "many"], "argument --steps: invalid int value"),
+}
+
+
+def _launch(args):
+  return subprocess.Popen([sys.executable, "-m", "launch.train", *args], cwd=ROOT, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_bad_input_gives_one_line_and_status_2(tmp_path):
+  procs = {name: _launch([*args, "--run_dir", str(tmp_path / "never")]) for name, (args, _) in BAD_INPUTS.items()}
+  for name, proc in procs.items():
+    out, err = proc.communicate(timeout=120)
+    expected = BAD_INPUTS[name][1]
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 2, (name, err)
+    assert "Traceback" not in err, name
+    assert len(lines) == 1, (name, err)
+    assert lines[0].startswith("python -m launch.train: error: "), (name, lines)
+    assert expected in lines[0], (name, lines)
+  assert not (tmp_path / "never").exists()  # nothing was written for a refused run
+
+
+def test_help_lists_every_config_field():
+  out = subprocess.run([sys.executable, "-m", "launch.train", "--help"], cwd=ROOT, text=True,
+                       capture_output=True, timeout=120)
+  assert out.returncode == 0
+  for cls in (ExperimentConfig, dqn.Config):
+    for field in dataclasses.fields(cls):
+      assert f"--{field.name}" in out.stdout, field.name
+
+
+def test_flags_override_fields():
+  from launch.cli import OneLineParser, add_dataclass_flags, build_config
+  parser = OneLineParser()
+  add_dataclass_flags(parser, dqn.Config, "dqn")
+  cfg = build_config(dqn.Config, parser.parse_args(["--hidden_sizes", "32,16", "--dueling", "--prioritized=false",
+                                                     "--learning_rate", "3e-4"]))
+  assert cfg == dqn.Config(hidden_sizes=(32, 16), dueling=True, prioritized=False, learning_rate=3e-4)
