@@ -26,9 +26,10 @@ class Actor:
     self._variables = variables
     self._adder = adder
     self._sink = sink
-    self._obs, _ = env.reset()  # the env was seeded when it was made
-    self._obs = self._obs.astype(np.float32)
+    obs, _ = env.reset()  # the env was seeded when it was made
+    self._obs = np.asarray(obs, np.float32)
     self._tracker = EpisodeTracker(env.num_envs)
+    self._env_action_dtype = env.single_action_space.dtype
     self.num_envs = env.num_envs
     self.env_steps = 0
     self.behaviour_version = variables.version
@@ -39,12 +40,13 @@ class Actor:
     self.behaviour_version = self._variables.version
     action, _, self._policy_state = self._select_action(self._variables.params, self._obs, self._policy_state)
     action = np.asarray(action)
-    next_obs, reward, terminated, truncated, info = self._env.step(action)
-    next_obs = next_obs.astype(np.float32)
+    # gymnasium's space checks are faster on its own dtype; replay keeps the policy's.
+    next_obs, reward, terminated, truncated, info = self._env.step(action.astype(self._env_action_dtype, copy=False))
+    next_obs = np.asarray(next_obs, np.float32)
     done = np.logical_or(terminated, truncated)
     if self._adder is not None:
       bootstrap_obs = final_observations(next_obs, done, info)
-      transitions = self._adder.add(self._obs, action, reward.astype(np.float32), terminated, truncated,
+      transitions = self._adder.add(self._obs, action, np.asarray(reward, np.float32), terminated, truncated,
                                     bootstrap_obs)
       if self._sink is not None:
         self._sink(transitions)

@@ -1,0 +1,143 @@
+"""Throughput of the embedded pieces, each against its bare baseline, in one run.
+
+(a) actor env-steps/s (policy, n-step adder and Reverb inserts) vs raw stepping
+    of the same vector env with random actions;
+(b) learner updates/s fed from Reverb (sampling, cross-item shuffle, device
+    prefetch) vs the bare jitted update loop on a fixed device batch.
+
+  .venv/bin/python bench/embedded_throughput.py [--seconds 5] [--num_envs 8] ...
+"""
+
+import argparse
+import time
+
+import distrax  # noqa: F401  (before reverb: see jrl/replay/reverb_replay.py)
+import jax
+import numpy as np
+
+from jrl import envs
+from jrl.actors.actor import Actor
+from jrl.actors.variables import VariableClient
+from jrl.agents import dqn
+from jrl.experiment.runner import example_transition
+from jrl.learners.learner import Learner, make_multi_update
+from jrl.replay import reverb_replay
+from jrl.replay.adders import BlockWriter, NStepTransitionAdder
+from jrl.replay.batches import PrefetchIterator, assemble, items_per_call
+
+reverb = reverb_replay.reverb
+
+
+class _StaticSource:
+  def __init__(self, params):
+    self._params = params
+
+  def get_variables(self):
+    return self._params, 0
+
+
+def _rate(fn, seconds: float, unit_per_call: int) -> float:
+  fn()  # warm-up (compilation)
+  calls, start = 0, time.perf_counter()
+  while time.perf_counter() - start < seconds:
+    fn()
+    calls += 1
+  return calls * unit_per_call / (time.perf_counter() - start)
+
+
+def _server(env_spec, block_size: int, max_items: int):
+  signature = reverb_replay.transition_signature(example_transition(env_spec), block_size)
+  table = reverb.Table(reverb_replay.TABLE, reverb.selectors.Uniform(), reverb.selectors.Fifo(), max_items,
+                       reverb.rate_limiters.MinSize(1), signature=signature)
+  server = reverb.Server([table])
+  return server, f"localhost:{server.port}"
+
+
+def bench_actor(args, cfg):
+  env = envs.make_vector_env(args.env, args.num_envs, seed=0)
+  env_spec = envs.env_spec(env)
+  raw_env = envs.make_vector_env(args.env, args.num_envs, seed=0)
+  raw_env.reset(seed=0)
+  raw = _rate(lambda: raw_env.step(raw_env.action_space.sample()), args.seconds, args.num_envs)
+
+  networks = dqn.make_networks(env_spec, cfg)
+  server, address = _server(env_spec, cfg.block_size, 1_000_000)
+  writer = reverb_replay.ReverbItemWriter(reverb.Client(address))
+  blocks = BlockWriter(writer, cfg.block_size)
+  actor = Actor(env, dqn.make_policy(networks, cfg), VariableClient(_StaticSource(networks.init(jax.random.PRNGKey(0))), 10**9),
+                jax.random.PRNGKey(1), adder=NStepTransitionAdder(args.num_envs, cfg.n_step, cfg.discount),
+                sink=blocks.add)
+  full = _rate(actor.step, args.seconds, args.num_envs)
+  writer.flush()
+  items = writer.items_inserted
+  server.stop()
+  return raw, full, items
+
+
+def bench_learner(args, cfg, updates_per_call: int):
+  env = envs.make_vector_env(args.env, 1, seed=0)
+  env_spec = envs.env_spec(env)
+  networks = dqn.make_networks(env_spec, cfg)
+  fns = dqn.make_learner(networks, cfg)
+  num_items = items_per_call(updates_per_call, cfg.batch_size, cfg.block_size)
+
+  server, address = _server(env_spec, cfg.block_size, 100_000)
+  client = reverb.Client(address)
+  writer = reverb_replay.ReverbItemWriter(client)
+  rng = np.random.default_rng(0)
+  example = example_transition(env_spec)
+  for _ in range(20_000 // cfg.block_size):
+    block = type(example)(*[rng.normal(size=(cfg.block_size,) + np.shape(x)).astype(np.asarray(x).dtype)
+                            for x in example])
+    writer.insert(block._replace(action=rng.integers(0, 2, cfg.block_size).astype(np.int32)), 1.0)
+  writer.flush()
+
+  sampler = reverb_replay.ReverbItemSampler(address, num_items)
+  shuffle = np.random.default_rng(1)
+  batches = PrefetchIterator(
+      lambda: (lambda p: p._replace(batch=jax.device_put(p.batch)))(
+          assemble(sampler.sample(), updates_per_call, cfg.batch_size, None, shuffle)), depth=args.prefetch)
+  learner = Learner(fns, jax.random.PRNGKey(0), batches)
+  fed = _rate(learner.step, args.seconds, updates_per_call)
+
+  fixed = jax.device_put(next(batches).batch)
+  update_many = jax.jit(make_multi_update(fns.update))
+  state = [fns.init(jax.random.PRNGKey(0))]
+
+  def bare_step():
+    state[0], metrics = update_many(state[0], fixed)
+    jax.block_until_ready(metrics["loss"])
+
+  bare = _rate(bare_step, args.seconds, updates_per_call)
+  batches.close()
+  server.stop()
+  return bare, fed
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--env", default="CartPole-v1")
+  parser.add_argument("--num_envs", type=int, default=8)
+  parser.add_argument("--seconds", type=float, default=5.0, help="measuring time per figure")
+  parser.add_argument("--batch_size", type=int, default=256)
+  parser.add_argument("--hidden_sizes", default="64,64")
+  parser.add_argument("--block_size", type=int, default=32)
+  parser.add_argument("--updates_per_call", default="1,4,16")
+  parser.add_argument("--prefetch", type=int, default=2)
+  args = parser.parse_args()
+  cfg = dqn.Config(batch_size=args.batch_size, block_size=args.block_size,
+                   hidden_sizes=tuple(int(h) for h in args.hidden_sizes.split(",")))
+
+  print(f"jax devices: {jax.devices()}; {args.env}, {args.num_envs} envs, block {cfg.block_size}, "
+        f"MLP {cfg.hidden_sizes}, batch {cfg.batch_size}")
+  raw, full, items = bench_actor(args, cfg)
+  print(f"(a) actor: raw vector env {raw:,.0f} env-steps/s | full actor (policy + adder + Reverb) "
+        f"{full:,.0f} env-steps/s | ratio {full / raw:.2f} (target >= 0.5) | {items} items inserted")
+  for u in (int(x) for x in args.updates_per_call.split(",")):
+    bare, fed = bench_learner(args, cfg, u)
+    print(f"(b) learner, {u:>2} updates/call: bare jitted {bare:,.0f} updates/s | fed from Reverb {fed:,.0f} updates/s "
+          f"({fed * cfg.batch_size:,.0f} samples/s) | ratio {fed / bare:.2f} (target >= 0.8)")
+
+
+if __name__ == "__main__":
+  main()
