@@ -57,7 +57,7 @@ def make_learner(networks: Networks, cfg: Config) -> LearnerFns:
     else:
       target_params = optax.periodic_update(params, state.target_params, steps, cfg.target_update_period)
     metrics = {"loss": loss, "td_abs_mean": jnp.mean(jnp.abs(td)),
-               "grad_norm": optax.global_norm(grads), "priorities": jnp.abs(td)}
+               "grad_norm": optax.tree.norm(grads), "priorities": jnp.abs(td)}
     return TrainingState(params, target_params, opt_state, steps), metrics
 
   return LearnerFns(init=init, update=update, params=lambda state: state.params)
