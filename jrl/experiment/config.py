@@ -17,6 +17,10 @@ class ExperimentConfig:
   deterministic: bool = False        # seeded in-process replay instead of Reverb: same seed, same bytes
   num_envs: int = 8                  # envs stepped together by the actor
   updates_per_call: int = 4          # SGD updates per jitted learner call (lax.scan)
+  learner_devices: int = 0           # devices of the learner's data-parallel mesh; 0 = all
+  coordinator_address: str = ""      # host:port of process 0, to span the learner mesh over processes
+  num_processes: int = 1             # learner processes joined through jax.distributed
+  process_id: int = 0                # this process's index among num_processes
   prefetch: int = 2                  # learner batches prepared ahead (Reverb runs)
   eval_every: int = 2_500            # env steps between evaluations
   eval_episodes: int = 10            # greedy episodes per evaluation
@@ -29,6 +33,12 @@ class ExperimentConfig:
                  "eval_episodes", "log_every"):
       if getattr(self, name) <= 0:
         raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
+    if self.learner_devices < 0:
+      raise ConfigError("learner_devices", f"must be >= 0 (0 = all), got {self.learner_devices}")
+    if not 0 <= self.process_id < self.num_processes:
+      raise ConfigError("process_id", f"must be in [0, num_processes={self.num_processes}), got {self.process_id}")
+    if self.num_processes > 1 and not self.coordinator_address:
+      raise ConfigError("coordinator_address", "is required when num_processes > 1")
     if self.progress_seconds < 0:
       raise ConfigError("progress_seconds", f"must be >= 0, got {self.progress_seconds}")
 

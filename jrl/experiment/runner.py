@@ -23,6 +23,7 @@ from jrl.agents import get_agent
 from jrl.experiment import plots
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.logging import MetricsLogger, Progress, make_tensorboard
+from jrl.learners import distributed, sharding
 from jrl.learners.learner import Learner, params_digest
 from jrl.replay.adders import BlockWriter, NStepTransitionAdder
 from jrl.replay.batches import PrefetchIterator, PreparedBatch, assemble, items_per_call
@@ -45,13 +46,15 @@ def example_transition(spec: EnvSpec) -> Transition:
   return Transition(obs, np.zeros(spec.action_shape, spec.action_dtype), np.float32(0), np.float32(0), obs)
 
 
-def make_replay(spec: ReplaySpec, env_spec: EnvSpec, exp: ExperimentConfig, batch_size: int) -> Replay:
+def make_replay(spec: ReplaySpec, env_spec: EnvSpec, exp: ExperimentConfig, batch_size: int,
+                mesh: jax.sharding.Mesh) -> Replay:
   num_items = items_per_call(exp.updates_per_call, batch_size, spec.block_size)
   importance = spec.importance_exponent if spec.prioritized else None
-  shuffle_rng = np.random.default_rng(exp.seed + 1)
+  local_seed = exp.seed + 100_003 * exp.process_id  # as in `run`
+  shuffle_rng = np.random.default_rng(local_seed + 1)
 
   if exp.deterministic:
-    buffer = SeededReplayBuffer(spec, seed=exp.seed)
+    buffer = SeededReplayBuffer(spec, seed=local_seed)
 
     def synchronous_batches():
       while True:
@@ -72,7 +75,7 @@ def make_replay(spec: ReplaySpec, env_spec: EnvSpec, exp: ExperimentConfig, batc
 
   def produce() -> PreparedBatch:
     prepared = assemble(sampler.sample(), exp.updates_per_call, batch_size, importance, shuffle_rng)
-    return prepared._replace(batch=jax.device_put(prepared.batch))
+    return prepared._replace(batch=sharding.put_batch(prepared.batch, mesh))
 
   batches = PrefetchIterator(produce, depth=exp.prefetch)
 
@@ -98,9 +101,14 @@ def write_json(path: str, payload: Dict) -> None:
 
 def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   """Trains `exp.agent` on `exp.env` for `exp.steps` env steps; returns the summary."""
+  distributed.initialize(exp.coordinator_address, exp.num_processes, exp.process_id)
   agent = get_agent(exp.agent)
+  mesh = sharding.make_mesh(exp.learner_devices)
+  sharding.check_batch_size(agent_cfg.batch_size, mesh)
   threshold = envs.reward_threshold(exp.env)
-  env = envs.make_vector_env(exp.env, exp.num_envs, exp.seed)
+  # Processes share the learner's seed but act on their own envs and replay.
+  local_seed = exp.seed + 100_003 * exp.process_id
+  env = envs.make_vector_env(exp.env, exp.num_envs, local_seed)
   env_spec = envs.env_spec(env)
   networks = agent.make_networks(env_spec, agent_cfg)
   replay_spec = agent.make_replay_spec(agent_cfg)
@@ -110,10 +118,13 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   write_json(os.path.join(run_dir, "config.json"),
              {"experiment": dataclasses.asdict(exp), "agent": dataclasses.asdict(agent_cfg)})
 
-  learner_key, actor_key, eval_key = jax.random.split(jax.random.PRNGKey(exp.seed), 3)
-  replay = make_replay(replay_spec, env_spec, exp, agent_cfg.batch_size)
+  learner_key, actor_key, _ = jax.random.split(jax.random.PRNGKey(exp.seed), 3)
+  actor_key = jax.random.fold_in(actor_key, exp.process_id)
+  # Each process feeds its own slice of the global batch from its own replay.
+  local_batch_size = agent_cfg.batch_size // jax.process_count()
+  replay = make_replay(replay_spec, env_spec, exp, local_batch_size, mesh)
   learner = Learner(agent.make_learner(networks, agent_cfg), learner_key, replay.batches,
-                    replay.update_priorities if replay_spec.prioritized else None)
+                    replay.update_priorities if replay_spec.prioritized else None, mesh=mesh)
   block_writer = BlockWriter(replay.writer, replay_spec.block_size)
   adder = NStepTransitionAdder(exp.num_envs, getattr(agent_cfg, "n_step", 1), agent_cfg.discount)
   actor = Actor(env, agent.make_policy(networks, agent_cfg), VariableClient(learner), actor_key,
@@ -124,7 +135,7 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   tb = make_tensorboard(run_dir)
   loggers = {role: MetricsLogger(run_dir, role, tb) for role in ("actor", "learner", "evaluator")}
   progress = Progress(f"{exp.agent} {exp.env} s{exp.seed}", exp.progress_seconds)
-  samples_per_call = exp.updates_per_call * agent_cfg.batch_size
+  samples_per_call = exp.updates_per_call * local_batch_size
 
   start = time.monotonic()
   episodes_total = 0
@@ -210,6 +221,7 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
       "wall_seconds": round(wall, 3),
       "eval_return": eval_history[-1], "best_eval_return": max(eval_history),
       "reward_threshold": threshold, "steps_to_threshold": steps_to_threshold,
+      "learner_devices": int(mesh.devices.size), "learner_processes": jax.process_count(),
       "params_digest": params_digest(learner.get_variables()[0]),
   }
   write_json(os.path.join(run_dir, "summary.json"), summary)

@@ -5,7 +5,9 @@ from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
+from jrl.learners import sharding
 from jrl.replay.batches import PreparedBatch, item_priorities
 from jrl.types import LearnerFns, PRNGKey
 
@@ -26,18 +28,29 @@ def params_digest(params) -> str:
 
 
 class Learner:
-  """Owns the training state; serves (params, version) as a variable source."""
+  """Owns the training state; serves (params, version) as a variable source.
+
+  The update runs data-parallel over `mesh` (default: one device): state
+  replicated, batches split along B. Batches may arrive already placed by
+  `sharding.put_batch` (the prefetch thread does this); host batches are placed here.
+  """
 
   def __init__(self, fns: LearnerFns, key: PRNGKey, batches: Iterator[PreparedBatch],
-               update_priorities: Optional[Callable[[Dict[int, float]], None]] = None):
+               update_priorities: Optional[Callable[[Dict[int, float]], None]] = None,
+               mesh: Optional[Mesh] = None):
     self._fns = fns
-    self._state = jax.jit(fns.init)(key)
+    self.mesh = mesh if mesh is not None else sharding.make_mesh(1)
+    replicated = sharding.replicated(self.mesh)
+    self._state = jax.jit(fns.init, out_shardings=replicated)(key)
     self._batches = batches
     self._update_priorities = update_priorities
     # No buffer donation: actors may still hold the previous parameters.
-    self._update_many = jax.jit(make_multi_update(fns.update))
+    self._update_many = jax.jit(make_multi_update(fns.update),
+                                in_shardings=(replicated, sharding.batch_sharding(self.mesh)),
+                                out_shardings=replicated)
     self.steps = 0   # SGD updates done
     self.version = 0  # learner calls done
+    self._served = (-1, None)  # (version, params) last handed out
 
   @property
   def state(self):
@@ -45,7 +58,7 @@ class Learner:
 
   def step(self) -> Dict[str, float]:
     prepared = next(self._batches)
-    self._state, metrics = self._update_many(self._state, prepared.batch)
+    self._state, metrics = self._update_many(self._state, sharding.put_batch(prepared.batch, self.mesh))
     priorities = metrics.pop("priorities", None)
     if self._update_priorities is not None and priorities is not None:
       self._update_priorities(item_priorities(np.asarray(priorities), prepared.item_keys, prepared.item_index))
@@ -54,4 +67,7 @@ class Learner:
     return {k: float(np.mean(v)) for k, v in jax.device_get(metrics).items()}
 
   def get_variables(self) -> Tuple[object, int]:
-    return self._fns.params(self._state), self.version
+    """(params, version), params as single-device arrays of this process."""
+    if self._served[0] != self.version:
+      self._served = (self.version, sharding.local_copy(self._fns.params(self._state)))
+    return self._served[1], self.version

@@ -1,0 +1,65 @@
+"""The sharded learner equals the single-device one: forced CPU devices and two real processes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import portpicker
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "sharding_worker.py")
+
+
+def _run_worker(out, *args, host_devices=1, wait=True):
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={host_devices}",
+             PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  proc = subprocess.Popen([sys.executable, WORKER, str(out), *map(str, args)], env=env, cwd=ROOT, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  if wait:
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+  return proc
+
+
+def _load(path):
+  data = np.load(path)
+  leaves = [data[f"leaf{i}"] for i in range(len(data.files) - 1)]
+  return json.loads(str(data["facts"])), leaves
+
+
+@pytest.fixture(scope="module")
+def single_device(tmp_path_factory):
+  out = tmp_path_factory.mktemp("single") / "single.npz"
+  _run_worker(out, "--devices", 1)
+  return _load(out)
+
+
+@pytest.mark.parametrize("devices", [1, 2, 4])
+def test_sharded_update_equals_single_device(tmp_path, single_device, devices):
+  out = tmp_path / f"mesh{devices}.npz"
+  _run_worker(out, "--devices", devices, host_devices=devices)
+  facts, leaves = _load(out)
+  assert facts["devices"] == devices and facts["version"] == 3
+  assert facts["cache_size"] == 1, "recompiled after the first call"
+  assert facts["same_structure"] and facts["same_dtypes"]
+  assert facts["param_sharding"] == "PartitionSpec()"  # replicated
+  for ours, reference in zip(leaves, single_device[1]):
+    np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=1e-6)
+  assert any(not np.allclose(a, 0) for a in leaves)
+
+
+def test_two_learner_processes_equal_one_process(tmp_path, single_device):
+  address = f"localhost:{portpicker.pick_unused_port()}"
+  out = tmp_path / "two.npz"
+  procs = [_run_worker(out, "--coordinator", address, "--num_processes", 2, "--process_id", pid, wait=False)
+           for pid in (0, 1)]
+  for proc in procs:
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+  facts, leaves = _load(out)
+  assert facts["processes"] == 2 and facts["devices"] == 2 and facts["cache_size"] == 1
+  for ours, reference in zip(leaves, single_device[1]):
+    np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=1e-6)
