@@ -16,10 +16,10 @@ import jax
 import numpy as np
 
 from jrl import envs
-from jrl.actors.actor import Actor
+from jrl.actors.actor import Actor, LocalPolicy
 from jrl.actors.variables import VariableClient
 from jrl.agents import dqn
-from jrl.experiment.runner import example_transition
+from jrl.experiment.builder import example_transition
 from jrl.learners.learner import Learner, make_multi_update
 from jrl.replay import reverb_replay
 from jrl.replay.adders import BlockWriter, NStepTransitionAdder
@@ -64,8 +64,9 @@ def bench_actor(args, cfg):
   server, address = _server(env_spec, cfg.block_size, 1_000_000)
   writer = reverb_replay.ReverbItemWriter(reverb.Client(address))
   blocks = BlockWriter(writer, cfg.block_size)
-  actor = Actor(env, dqn.make_policy(networks, cfg), VariableClient(_StaticSource(networks.init(jax.random.PRNGKey(0))), 10**9),
-                jax.random.PRNGKey(1), adder=NStepTransitionAdder(args.num_envs, cfg.n_step, cfg.discount),
+  policy = LocalPolicy(dqn.make_policy(networks, cfg),
+                       VariableClient(_StaticSource(networks.init(jax.random.PRNGKey(0))), 10**9), jax.random.PRNGKey(1))
+  actor = Actor(env, policy, adder=NStepTransitionAdder(args.num_envs, cfg.n_step, cfg.discount),
                 sink=blocks.add)
   full = _rate(actor.step, args.seconds, args.num_envs)
   writer.flush()

@@ -11,3 +11,7 @@ class ConfigError(ValueError):
     self.field = field
     self.problem = problem
     super().__init__(f"{field}: {problem}")
+
+
+class Stopped(Exception):
+  """The surrounding program asked this component to stop; not a failure."""

@@ -39,10 +39,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     agent_cfg = build_config(agent.Config, args)
     from jrl.envs import check_env_id
     check_env_id(exp.env)
-    from jrl.experiment.runner import run
-    run(exp, agent_cfg)
+    if exp.distributed:
+      from launch.distributed import run_distributed
+      summary = run_distributed(exp, agent_cfg)
+      print(f"done: {summary['actor_steps']} env steps, eval {summary['eval_return']:.1f} "
+            f"(best {summary['best_eval_return']:.1f}), steps to threshold {summary['steps_to_threshold']}, "
+            f"inference batch mean {summary['inference_batch_mean']}, policy lag mean "
+            f"{summary['policy_lag_mean']:.2f} | {summary['run_dir']}", flush=True)
+    else:
+      from jrl.experiment.runner import run
+      run(exp, agent_cfg)
   except ConfigError as e:
     fail(PROG, e)
+  except RuntimeError as e:  # a node of a distributed run failed; its traceback was printed above
+    print(f"{PROG}: error: {e}", file=sys.stderr)
+    return 1
   except KeyboardInterrupt:
     print(f"{PROG}: interrupted", file=sys.stderr)
     return 130

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jrl import envs
-from jrl.actors.actor import Actor
+from jrl.actors.actor import Actor, LocalPolicy
 from jrl.actors.variables import VariableClient
 from jrl.agents import dqn
 from jrl.errors import ConfigError
@@ -50,8 +50,9 @@ def test_actor_transitions_respect_episode_boundaries_on_cartpole():
   env = envs.make_vector_env("CartPole-v1", 4, seed=0)
   networks = dqn.make_networks(envs.env_spec(env), cfg)
   collected = []
-  actor = Actor(env, dqn.make_policy(networks, cfg), VariableClient(_Source(networks.init(jax.random.PRNGKey(0))), 5),
-                jax.random.PRNGKey(1), adder=NStepTransitionAdder(4, 1, 0.99), sink=collected.append)
+  policy = LocalPolicy(dqn.make_policy(networks, cfg), VariableClient(_Source(networks.init(jax.random.PRNGKey(0))), 5),
+                       jax.random.PRNGKey(1))
+  actor = Actor(env, policy, adder=NStepTransitionAdder(4, 1, 0.99), sink=collected.append)
   episodes = []
   for _ in range(200):
     episodes += actor.step().returns

@@ -1,6 +1,11 @@
-"""Actor shell: steps a vector env with a pure policy and feeds an adder."""
+"""Actor shell: steps a vector env with a batched policy and feeds an adder.
 
-from typing import Callable, Optional
+Where the policy runs is the caller's choice: `LocalPolicy` runs the pure
+jitted `select_action` in this process (IMPALA-style); a remote policy such as
+`jrl.actors.inference.InferenceClient` asks a central batched server (SEED-style).
+"""
+
+from typing import Callable, Optional, Protocol
 
 import gymnasium as gym
 import jax
@@ -11,19 +16,40 @@ from jrl.envs import EpisodeStats, EpisodeTracker, final_observations
 from jrl.types import PolicyFns, PRNGKey, Transition
 
 
+class BatchedPolicy(Protocol):
+  version: int  # parameter version that chose the last actions
+
+  def __call__(self, obs: np.ndarray) -> np.ndarray:
+    """Actions [E, ...] for observations [E, ...]."""
+
+
+class LocalPolicy:
+  """The pure policy jitted in this process, parameters from a variable client."""
+
+  def __init__(self, policy: PolicyFns, variables: VariableClient, key: PRNGKey):
+    self._select_action = jax.jit(policy.select_action)
+    self._state = policy.init(key)
+    self._variables = variables
+    self.version = variables.version
+
+  def __call__(self, obs: np.ndarray) -> np.ndarray:
+    self._variables.maybe_update()
+    self.version = self._variables.version
+    action, _, self._state = self._select_action(self._variables.params, obs, self._state)
+    return np.asarray(action)
+
+
 class Actor:
-  """Owns the env, the policy's state, the variable client and the adder.
+  """Owns the env, the policy and the adder.
 
   `sink` receives the transitions each step completes (an adder chain into
   replay); None for actors that only collect episode statistics.
   """
 
-  def __init__(self, env: gym.vector.VectorEnv, policy: PolicyFns, variables: VariableClient,
-               key: PRNGKey, adder=None, sink: Optional[Callable[[Transition], None]] = None):
+  def __init__(self, env: gym.vector.VectorEnv, policy: BatchedPolicy, adder=None,
+               sink: Optional[Callable[[Transition], None]] = None):
     self._env = env
-    self._select_action = jax.jit(policy.select_action)
-    self._policy_state = policy.init(key)
-    self._variables = variables
+    self.policy = policy
     self._adder = adder
     self._sink = sink
     obs, _ = env.reset()  # the env was seeded when it was made
@@ -32,14 +58,10 @@ class Actor:
     self._env_action_dtype = env.single_action_space.dtype
     self.num_envs = env.num_envs
     self.env_steps = 0
-    self.behaviour_version = variables.version
 
   def step(self) -> EpisodeStats:
     """One vector step: num_envs env steps."""
-    self._variables.maybe_update()
-    self.behaviour_version = self._variables.version
-    action, _, self._policy_state = self._select_action(self._variables.params, self._obs, self._policy_state)
-    action = np.asarray(action)
+    action = self.policy(self._obs)
     # gymnasium's space checks are faster on its own dtype; replay keeps the policy's.
     next_obs, reward, terminated, truncated, info = self._env.step(action.astype(self._env_action_dtype, copy=False))
     next_obs = np.asarray(next_obs, np.float32)

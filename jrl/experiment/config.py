@@ -27,12 +27,30 @@ class ExperimentConfig:
   stop_at_threshold: bool = False    # end the run once eval reaches the env's reward threshold
   log_every: int = 1_000             # env steps between metric rows
   progress_seconds: float = 2.0      # seconds between progress lines; 0 silences them
+  # Distributed (Launchpad) runs.
+  distributed: bool = False          # run as a Launchpad program instead of one process
+  num_actors: int = 4                # actor nodes, each stepping num_envs envs
+  inference: str = "actor"           # where the policy runs: 'actor' (IMPALA-style) or 'server' (SEED-style)
+  num_inference_servers: int = 1     # central batched inference servers (inference=server)
+  inference_timeout_ms: float = 10.0  # longest a server waits for every actor to ask before answering
+  variable_update_period: int = 10   # actor/server steps between parameter refreshes (distributed)
+  lp_launch_type: str = "local_mp"   # Launchpad launch type: local_mp or local_mt
+  crash_learner_after: int = 0       # fault injection for tests: the learner raises after this many calls
 
   def __post_init__(self):
     for name in ("steps", "num_envs", "updates_per_call", "prefetch", "eval_every",
                  "eval_episodes", "log_every"):
       if getattr(self, name) <= 0:
         raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
+    for name in ("num_actors", "num_inference_servers", "variable_update_period"):
+      if getattr(self, name) <= 0:
+        raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
+    if self.inference not in ("actor", "server"):
+      raise ConfigError("inference", f"must be 'actor' or 'server', got '{self.inference}'")
+    if self.lp_launch_type not in ("local_mp", "local_mt"):
+      raise ConfigError("lp_launch_type", f"must be 'local_mp' or 'local_mt', got '{self.lp_launch_type}'")
+    if self.inference_timeout_ms <= 0:
+      raise ConfigError("inference_timeout_ms", f"must be > 0, got {self.inference_timeout_ms}")
     if self.learner_devices < 0:
       raise ConfigError("learner_devices", f"must be >= 0 (0 = all), got {self.learner_devices}")
     if not 0 <= self.process_id < self.num_processes:

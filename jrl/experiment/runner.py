@@ -16,11 +16,11 @@ import jax
 import numpy as np
 
 from jrl import envs
-from jrl.actors.actor import Actor
+from jrl.actors.actor import Actor, LocalPolicy
 from jrl.actors.evaluator import Evaluator
 from jrl.actors.variables import VariableClient
-from jrl.agents import get_agent
 from jrl.experiment import plots
+from jrl.experiment.builder import build_agent_parts, example_transition
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.logging import MetricsLogger, Progress, make_tensorboard
 from jrl.learners import distributed, sharding
@@ -30,7 +30,6 @@ from jrl.replay.batches import PrefetchIterator, PreparedBatch, assemble, items_
 from jrl.replay.buffer import SeededReplayBuffer
 from jrl.replay.spec import ReplaySpec
 from jrl.specs import EnvSpec
-from jrl.types import Transition
 
 
 class Replay(NamedTuple):
@@ -39,11 +38,6 @@ class Replay(NamedTuple):
   update_priorities: Callable[[Dict[int, float]], None]
   close: Callable[[], None]
   kind: str
-
-
-def example_transition(spec: EnvSpec) -> Transition:
-  obs = np.zeros(spec.observation_shape, spec.observation_dtype)
-  return Transition(obs, np.zeros(spec.action_shape, spec.action_dtype), np.float32(0), np.float32(0), obs)
 
 
 def make_replay(spec: ReplaySpec, env_spec: EnvSpec, exp: ExperimentConfig, batch_size: int,
@@ -102,16 +96,13 @@ def write_json(path: str, payload: Dict) -> None:
 def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   """Trains `exp.agent` on `exp.env` for `exp.steps` env steps; returns the summary."""
   distributed.initialize(exp.coordinator_address, exp.num_processes, exp.process_id)
-  agent = get_agent(exp.agent)
+  agent, env_spec, networks, replay_spec = build_agent_parts(exp.agent, exp.env, agent_cfg)
   mesh = sharding.make_mesh(exp.learner_devices)
   sharding.check_batch_size(agent_cfg.batch_size, mesh)
   threshold = envs.reward_threshold(exp.env)
   # Processes share the learner's seed but act on their own envs and replay.
   local_seed = exp.seed + 100_003 * exp.process_id
   env = envs.make_vector_env(exp.env, exp.num_envs, local_seed)
-  env_spec = envs.env_spec(env)
-  networks = agent.make_networks(env_spec, agent_cfg)
-  replay_spec = agent.make_replay_spec(agent_cfg)
 
   run_dir = exp.run_dir or exp.default_run_dir()
   os.makedirs(run_dir, exist_ok=True)
@@ -127,7 +118,7 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
                     replay.update_priorities if replay_spec.prioritized else None, mesh=mesh)
   block_writer = BlockWriter(replay.writer, replay_spec.block_size)
   adder = NStepTransitionAdder(exp.num_envs, getattr(agent_cfg, "n_step", 1), agent_cfg.discount)
-  actor = Actor(env, agent.make_policy(networks, agent_cfg), VariableClient(learner), actor_key,
+  actor = Actor(env, LocalPolicy(agent.make_policy(networks, agent_cfg), VariableClient(learner), actor_key),
                 adder=adder, sink=block_writer.add)
   evaluator = Evaluator(exp.env, agent.make_policy(networks, agent_cfg, evaluation=True),
                         exp.eval_episodes, seed=exp.seed + 10_000)

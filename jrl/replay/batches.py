@@ -80,10 +80,13 @@ class PrefetchIterator:
   learner's update. An error in the producer is raised by `__next__`.
   """
 
-  def __init__(self, produce: Callable[[], PreparedBatch], depth: int = 2):
+  def __init__(self, produce: Callable[[], PreparedBatch], depth: int = 2,
+               stop: Optional[threading.Event] = None):
     self._produce = produce
     self._queue: "queue.Queue" = queue.Queue(maxsize=depth)
-    self._stop = threading.Event()
+    # Set by `close()`, or by the caller (e.g. Launchpad's stop event): `__next__`
+    # then ends the iteration instead of waiting on a producer that may never return.
+    self._stop = stop if stop is not None else threading.Event()
     self._thread = threading.Thread(target=self._run, name="prefetch", daemon=True)
     self._thread.start()
 
@@ -104,7 +107,13 @@ class PrefetchIterator:
     return self
 
   def __next__(self) -> PreparedBatch:
-    item = self._queue.get()
+    while True:
+      try:
+        item = self._queue.get(timeout=0.2)
+        break
+      except queue.Empty:
+        if self._stop.is_set():
+          raise StopIteration
     if isinstance(item, _Failure):
       raise RuntimeError(f"replay sampling failed: {item.error}") from item.error
     return item

@@ -3,18 +3,20 @@
 The only module of the core that imports reverb (and so TensorFlow).
 """
 
-# TFP 0.25 (imported by rlax/distrax) refuses TF 2.8 once TensorFlow is loaded:
-# import them before reverb pulls TensorFlow in.
-import distrax  # noqa: F401  pylint: disable=unused-import
-import rlax  # noqa: F401  pylint: disable=unused-import
-
+import threading
+import time
 from typing import Dict, Optional
+
+from jrl import compat
+
+compat.import_jax_probability()  # before reverb pulls TensorFlow in (see jrl/compat.py)
 
 import numpy as np
 import reverb
 import tensorflow as tf
 import tree
 
+from jrl.errors import Stopped
 from jrl.replay.buffer import SampledItems
 from jrl.replay.spec import ReplaySpec
 from jrl.types import Transition
@@ -58,8 +60,10 @@ def start_server(tables, port: Optional[int] = None) -> reverb.Server:
 class ReverbItemWriter:
   """Writes one item per block of transitions (one append, one create_item)."""
 
-  def __init__(self, client: reverb.Client, table: str = TABLE, max_in_flight_items: int = 8):
+  def __init__(self, client: reverb.Client, table: str = TABLE, max_in_flight_items: int = 8,
+               stop: Optional[threading.Event] = None):
     self._writer = client.trajectory_writer(num_keep_alive_refs=1)
+    self._stop = stop
     self._table = table
     self._max_in_flight = max_in_flight_items
     self.items_inserted = 0
@@ -68,16 +72,27 @@ class ReverbItemWriter:
     self._writer.append(block)
     trajectory = tree.map_structure(lambda column: column[-1], self._writer.history)
     self._writer.create_item(self._table, priority, trajectory)
-    try:
-      self._writer.flush(self._max_in_flight, timeout_ms=INSERT_TIMEOUT_MS)
-    except reverb.errors.DeadlineExceededError as e:
-      raise RuntimeError(f"replay server accepted no insert for {INSERT_TIMEOUT_MS / 1000:.0f}s "
-                         "(dead, or blocked by its rate limiter)") from e
+    self._flush(self._max_in_flight)
     self.items_inserted += 1
+
+  def _flush(self, max_in_flight: int) -> None:
+    """Waits (in short slices, so that a stop request is seen) until at most
+    `max_in_flight` items are unconfirmed."""
+    deadline = time.monotonic() + INSERT_TIMEOUT_MS / 1000
+    while True:
+      try:
+        self._writer.flush(max_in_flight, timeout_ms=200)
+        return
+      except reverb.errors.DeadlineExceededError as e:
+        if self._stop is not None and self._stop.is_set():
+          raise Stopped("stop requested while waiting on replay inserts") from e
+        if time.monotonic() > deadline:
+          raise RuntimeError(f"replay server accepted no insert for {INSERT_TIMEOUT_MS / 1000:.0f}s "
+                             "(dead, or blocked by its rate limiter)") from e
 
   def flush(self) -> None:
     """Blocks until every created item has reached the server."""
-    self._writer.flush(0, timeout_ms=INSERT_TIMEOUT_MS)
+    self._flush(0)
 
   def close(self) -> None:
     self._writer.end_episode(clear_buffers=True)

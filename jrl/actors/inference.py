@@ -1,0 +1,139 @@
+"""Central batched inference (SEED RL style), independent of the RPC layer.
+
+One request per actor step carries that actor's whole vector of observations.
+Requests from different actors are gathered for up to `timeout_ms` (or until
+every actor has asked) and answered by one jitted call of the agent's pure
+`select_action`, vmapped over actors. Each actor's policy state (RNG key,
+exploration schedule, later recurrent state) lives here, one slot per actor.
+
+Observations travel as msgpack bytes: courier on the pinned stack drops numpy
+arguments (the call ends in Deadline Exceeded), while bytes arrive.
+"""
+
+import queue
+import threading
+from typing import Any, Callable, Dict, List, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import serialization
+
+from jrl.actors.variables import VariableClient
+from jrl.types import PolicyFns, PRNGKey
+
+
+def encode(tree: Any) -> bytes:
+  return serialization.msgpack_serialize(tree)
+
+
+def decode(data: bytes) -> Any:
+  return serialization.msgpack_restore(data)
+
+
+class _Request:
+  __slots__ = ("actor_id", "obs", "done", "action", "error")
+
+  def __init__(self, actor_id: int, obs: np.ndarray):
+    self.actor_id, self.obs = actor_id, obs
+    self.done = threading.Event()
+    self.action: Optional[np.ndarray] = None
+    self.error: Optional[BaseException] = None
+
+
+class BatchedInference:
+  """Serves `infer` calls from many threads; `serve` runs the batching loop."""
+
+  def __init__(self, policy: PolicyFns, variables: VariableClient, key: PRNGKey, num_actors: int,
+               num_envs: int, obs_shape, timeout_ms: float = 2.0, reply_timeout_s: float = 60.0):
+    self._select = jax.jit(jax.vmap(policy.select_action, in_axes=(None, 0, 0)))
+    self._states = jax.vmap(policy.init)(jax.random.split(key, num_actors))  # one slot per actor
+    self._variables = variables
+    self._num_actors = num_actors
+    self._obs_buffer = np.zeros((num_actors, num_envs) + tuple(obs_shape), np.float32)
+    self._timeout_s = timeout_ms / 1000.0
+    self._reply_timeout_s = reply_timeout_s
+    self._requests: "queue.Queue[_Request]" = queue.Queue()
+    self.batch_size_counts: Dict[int, int] = {}
+    self.version = variables.version
+
+  # Called by RPC threads.
+  def infer(self, actor_id: int, obs_bytes: bytes) -> bytes:
+    request = _Request(int(actor_id), np.asarray(decode(obs_bytes)["obs"], np.float32))
+    self._requests.put(request)
+    if not request.done.wait(self._reply_timeout_s):
+      raise TimeoutError(f"inference server gave no action within {self._reply_timeout_s}s")
+    if request.error is not None:
+      raise RuntimeError(f"inference failed: {request.error}")
+    return encode({"action": request.action, "version": self.version})
+
+  def stats(self) -> Dict[str, float]:
+    total = sum(self.batch_size_counts.values())
+    mean = sum(k * v for k, v in self.batch_size_counts.items()) / total if total else 0.0
+    return {"batches": float(total), "batch_mean": mean,
+            **{f"batch_size_{k}": float(v) for k, v in sorted(self.batch_size_counts.items())}}
+
+  # The serving loop.
+  def serve(self, stop: threading.Event) -> None:
+    while not stop.is_set():
+      batch = self._collect()
+      if batch:
+        self._answer(batch)
+
+  def _collect(self) -> List[_Request]:
+    try:
+      first = self._requests.get(timeout=0.1)
+    except queue.Empty:
+      return []
+    batch = [first]
+    deadline = threading.Event()
+    timer = threading.Timer(self._timeout_s, deadline.set)
+    timer.start()
+    try:
+      while len(batch) < self._num_actors and not deadline.is_set():
+        try:
+          batch.append(self._requests.get(timeout=self._timeout_s / 4))
+        except queue.Empty:
+          continue
+    finally:
+      timer.cancel()
+    return batch
+
+  def _answer(self, batch: List[_Request]) -> None:
+    try:
+      self._variables.maybe_update()
+      self.version = self._variables.version
+      present = np.zeros(self._num_actors, bool)
+      for request in batch:
+        self._obs_buffer[request.actor_id] = request.obs
+        present[request.actor_id] = True
+      actions, _, new_states = self._select(self._variables.params, self._obs_buffer, self._states)
+      keep = jnp.asarray(present)
+      self._states = jax.tree_util.tree_map(
+          lambda new, old: jnp.where(keep.reshape((-1,) + (1,) * (new.ndim - 1)), new, old), new_states, self._states)
+      actions = np.asarray(actions)
+      self.batch_size_counts[len(batch)] = self.batch_size_counts.get(len(batch), 0) + 1
+      for request in batch:
+        request.action = actions[request.actor_id]
+    except BaseException as e:  # every waiting actor hears of it
+      for request in batch:
+        request.error = e
+      raise
+    finally:
+      for request in batch:
+        request.done.set()
+
+
+class InferenceClient:
+  """An actor's policy that asks a central server through `infer(actor_id, obs_bytes) -> bytes`
+  (a courier call in distributed runs, `BatchedInference.infer` in one process)."""
+
+  def __init__(self, infer: Callable[[int, bytes], bytes], actor_id: int):
+    self._infer = infer
+    self._actor_id = actor_id
+    self.version = 0
+
+  def __call__(self, obs: np.ndarray) -> np.ndarray:
+    reply = decode(self._infer(self._actor_id, encode({"obs": np.asarray(obs, np.float32)})))
+    self.version = int(reply["version"])
+    return np.asarray(reply["action"])
