@@ -1,0 +1,72 @@
+"""Real Launchpad programs (local_mp: one process per node, real Reverb and courier)."""
+
+import csv
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = ["--steps", "3000", "--min_replay_size", "500", "--eval_every", "1000", "--eval_episodes", "3",
+         "--hidden_sizes", "32,32", "--num_envs", "4", "--progress_seconds", "1"]
+
+
+def _node_processes(since: float):
+  found = []
+  for proc in psutil.process_iter(["cmdline", "create_time"]):
+    cmdline = " ".join(proc.info["cmdline"] or [])
+    if "launchpad.nodes.python.process_entry" in cmdline and proc.info["create_time"] >= since - 1:
+      found.append(proc)
+  return found
+
+
+def _train(args, timeout=420):
+  start = time.time()
+  out = subprocess.run([sys.executable, "-m", "launch.train", "--distributed", *args], cwd=ROOT, text=True,
+                       capture_output=True, timeout=timeout)
+  time.sleep(1.0)
+  return out, _node_processes(start)
+
+
+def test_program_runs_end_to_end_and_exits_cleanly(tmp_path):
+  run_dir = tmp_path / "dist"
+  out, leftover = _train([*SMALL, "--num_actors", "2", "--inference", "server", "--run_dir", str(run_dir)])
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  assert leftover == [], leftover
+  summary = json.load(open(run_dir / "summary.json"))
+  assert summary["distributed"] and summary["inference"] == "server"
+  assert summary["actor_steps"] >= 3000
+  assert summary["replay_items_inserted"] > 0 and summary["replay_items_sampled"] > 0
+  assert summary["learner_steps"] > 0 and summary["learner_version"] > 0
+  assert summary["inference_batch_mean"] > 1.0  # two actors share server batches
+  assert summary["policy_lag_mean"] >= 0
+  # Actors acted with parameters whose version increased over the run.
+  for path in sorted(glob.glob(str(run_dir / "metrics" / "actor*.csv"))):
+    versions = [float(row["policy_version"]) for row in csv.DictReader(open(path))]
+    assert len(versions) >= 2 and versions[-1] > versions[0], (path, versions)
+  assert len(glob.glob(str(run_dir / "metrics" / "actor*.csv"))) == 2
+  assert os.path.exists(run_dir / "plots" / "learning_curve.png")
+  assert os.path.exists(run_dir / "logs" / "learner" / "0")
+  assert "steps " in out.stdout  # progress lines reach the launcher's terminal
+
+
+def test_a_dying_learner_stops_the_program_with_its_error(tmp_path):
+  out, leftover = _train([*SMALL, "--steps", "100000", "--num_actors", "2", "--inference", "actor",
+                          "--crash_learner_after", "20", "--run_dir", str(tmp_path / "crash")])
+  assert out.returncode != 0
+  assert "node learner/0 failed" in out.stderr
+  assert "injected learner failure after 20 calls" in out.stderr
+  assert leftover == [], leftover
+  assert not os.path.exists(tmp_path / "crash" / "summary.json")
+
+
+def test_distributed_config_errors_are_one_line(tmp_path):
+  out = subprocess.run([sys.executable, "-m", "launch.train", "--distributed", "--inference", "remote"],
+                       cwd=ROOT, text=True, capture_output=True, timeout=120)
+  assert out.returncode == 2
+  assert out.stderr.strip() == "python -m launch.train: error: inference: must be 'actor' or 'server', got 'remote'"
