@@ -62,6 +62,8 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: Type, title: str, 
     if field.name in skip:
       continue
     hint = hints[field.name]
+    if typing.get_origin(hint) is typing.Union:  # Optional[X]: the flag takes X; the default may be None
+      hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
     default = field.default
     doc = _field_doc(cls, field.name)
     if hint is bool:

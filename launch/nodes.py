@@ -241,7 +241,7 @@ class EvaluatorNode:
   def run(self):
     exp, cfg = self._exp, self._cfg
     parts = build_agent_parts(exp.agent, exp.env, cfg)
-    threshold = envs.reward_threshold(exp.env)
+    threshold = exp.reward_threshold if exp.reward_threshold is not None else envs.reward_threshold(exp.env)
     evaluator = Evaluator(exp.env, parts.agent.make_policy(parts.networks, cfg, evaluation=True),
                           exp.eval_episodes, seed=exp.seed + 10_000)
     logger = MetricsLogger(self._run_dir, "evaluator")

@@ -64,3 +64,14 @@ def test_dqn_defaults_solve_cartpole_within_50k_steps(tmp_path):
   assert summary["steps_to_threshold"] is not None, summary
   assert summary["steps_to_threshold"] <= 50_000
   assert summary["best_eval_return"] >= 475.0
+
+
+def test_sac_defaults_reach_minus_200_on_pendulum_within_20k_steps(tmp_path):
+  """The shipped SAC defaults reach a mean greedy return of -200 over 10 episodes (seed 0)."""
+  from jrl.agents import sac
+  exp = ExperimentConfig(agent="sac", env="Pendulum-v1", seed=0, steps=20_000, deterministic=True,
+                         stop_at_threshold=True, reward_threshold=-200.0, eval_every=2_000,
+                         run_dir=str(tmp_path / "sac"), progress_seconds=0)
+  summary = run(exp, sac.Config())
+  assert summary["steps_to_threshold"] is not None and summary["steps_to_threshold"] <= 20_000, summary
+  assert summary["best_eval_return"] >= -200.0

@@ -2,6 +2,7 @@
 
 import dataclasses
 import time
+from typing import Optional
 
 from jrl.errors import ConfigError
 
@@ -24,7 +25,8 @@ class ExperimentConfig:
   prefetch: int = 2                  # learner batches prepared ahead (Reverb runs)
   eval_every: int = 2_500            # env steps between evaluations
   eval_episodes: int = 10            # greedy episodes per evaluation
-  stop_at_threshold: bool = False    # end the run once eval reaches the env's reward threshold
+  stop_at_threshold: bool = False    # end the run once eval reaches the reward threshold
+  reward_threshold: Optional[float] = None  # success threshold; None takes the env's gymnasium spec
   log_every: int = 1_000             # env steps between metric rows
   progress_seconds: float = 2.0      # seconds between progress lines; 0 silences them
   # Distributed (Launchpad) runs.

@@ -99,7 +99,7 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   agent, env_spec, networks, replay_spec = build_agent_parts(exp.agent, exp.env, agent_cfg)
   mesh = sharding.make_mesh(exp.learner_devices)
   sharding.check_batch_size(agent_cfg.batch_size, mesh)
-  threshold = envs.reward_threshold(exp.env)
+  threshold = exp.reward_threshold if exp.reward_threshold is not None else envs.reward_threshold(exp.env)
   # Processes share the learner's seed but act on their own envs and replay.
   local_seed = exp.seed + 100_003 * exp.process_id
   env = envs.make_vector_env(exp.env, exp.num_envs, local_seed)

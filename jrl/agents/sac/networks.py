@@ -1,0 +1,74 @@
+"""SAC networks: a tanh-Gaussian policy and twin Q critics, in the normalised action box [-1, 1]."""
+
+from typing import Callable, NamedTuple, Sequence
+
+import distrax
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+
+from jrl.agents.sac.config import Config
+from jrl.errors import ConfigError
+from jrl.networks import MLP
+from jrl.specs import EnvSpec
+from jrl.types import Array, Params, PRNGKey
+
+
+class GaussianPolicyHead(nn.Module):
+  action_dim: int
+  hidden_sizes: Sequence[int]
+  log_std_min: float
+  log_std_max: float
+
+  @nn.compact
+  def __call__(self, obs):
+    h = MLP(self.hidden_sizes)(obs)
+    mean = nn.Dense(self.action_dim)(h)
+    log_std = jnp.clip(nn.Dense(self.action_dim)(h), self.log_std_min, self.log_std_max)
+    return mean, log_std
+
+
+class TwinQ(nn.Module):
+  hidden_sizes: Sequence[int]
+
+  @nn.compact
+  def __call__(self, obs, action):
+    x = jnp.concatenate([obs.reshape(obs.shape[0], -1), action], axis=-1)
+    return jnp.stack([nn.Dense(1)(MLP(self.hidden_sizes)(x))[..., 0] for _ in range(2)])  # [2, B]
+
+
+def tanh_gaussian(mean: Array, log_std: Array) -> distrax.Distribution:
+  """A diagonal Gaussian squashed by tanh into [-1, 1]^d (Haarnoja et al., 2018, appendix C)."""
+  return distrax.Transformed(distrax.MultivariateNormalDiag(mean, jnp.exp(log_std)), distrax.Block(distrax.Tanh(), 1))
+
+
+class Networks(NamedTuple):
+  policy_init: Callable[[PRNGKey], Params]
+  policy_apply: Callable[[Params, Array], tuple]   # obs -> (mean, log_std)
+  q_init: Callable[[PRNGKey], Params]
+  q_apply: Callable[[Params, Array, Array], Array]  # obs, action in [-1, 1] -> q [2, B]
+  action_low: np.ndarray
+  action_high: np.ndarray
+
+  def to_env(self, action: Array) -> Array:
+    """[-1, 1] -> the env's action bounds."""
+    return self.action_low + (action + 1.0) * 0.5 * (self.action_high - self.action_low)
+
+  def from_env(self, action: Array) -> Array:
+    return 2.0 * (action - self.action_low) / (self.action_high - self.action_low) - 1.0
+
+
+def make_networks(spec: EnvSpec, cfg: Config) -> Networks:
+  if spec.discrete:
+    raise ConfigError("agent", f"sac needs a Box action space, the env has a Discrete one ({spec.num_actions} actions)")
+  if len(spec.action_shape) != 1 or not np.all(np.isfinite(spec.action_low)) or not np.all(np.isfinite(spec.action_high)):
+    raise ConfigError("agent", f"sac needs a bounded 1-D Box action space, got shape {spec.action_shape} "
+                               f"with bounds [{spec.action_low}, {spec.action_high}]")
+  action_dim = spec.action_shape[0]
+  policy = GaussianPolicyHead(action_dim, tuple(cfg.hidden_sizes), cfg.log_std_min, cfg.log_std_max)
+  critic = TwinQ(tuple(cfg.hidden_sizes))
+  obs = jnp.zeros((1,) + spec.observation_shape, jnp.float32)
+  act = jnp.zeros((1, action_dim), jnp.float32)
+  return Networks(policy_init=lambda key: policy.init(key, obs), policy_apply=policy.apply,
+                  q_init=lambda key: critic.init(key, obs, act), q_apply=critic.apply,
+                  action_low=np.asarray(spec.action_low, np.float32), action_high=np.asarray(spec.action_high, np.float32))
