@@ -46,7 +46,9 @@ def _rate(fn, seconds: float, unit_per_call: int) -> float:
 
 
 def _server(env_spec, block_size: int, max_items: int):
-  signature = reverb_replay.transition_signature(example_transition(env_spec), block_size)
+  step = example_transition(env_spec)
+  signature = reverb_replay.item_signature(type(step)(*[np.zeros((block_size,) + np.shape(x), np.asarray(x).dtype)
+                                                         for x in step]))
   table = reverb.Table(reverb_replay.TABLE, reverb.selectors.Uniform(), reverb.selectors.Fifo(), max_items,
                        reverb.rate_limiters.MinSize(1), signature=signature)
   server = reverb.Server([table])
@@ -93,7 +95,7 @@ def bench_learner(args, cfg, updates_per_call: int):
     writer.insert(block._replace(action=rng.integers(0, 2, cfg.block_size).astype(np.int32)), 1.0)
   writer.flush()
 
-  sampler = reverb_replay.ReverbItemSampler(address, num_items)
+  sampler = reverb_replay.ReverbItemSampler(address, num_items, block)
   shuffle = np.random.default_rng(1)
   batches = PrefetchIterator(
       lambda: (lambda p: p._replace(batch=jax.device_put(p.batch)))(

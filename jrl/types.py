@@ -26,9 +26,25 @@ class Transition(NamedTuple):
   next_observation: Array  # [..., *obs_shape] observation to bootstrap from
 
 
+class Trajectory(NamedTuple):
+  """A fixed-length piece of one env's experience; fields `[T, ...]` (stacked: `[B, T, ...]`).
+
+  Episode boundaries may fall inside: at a step where the episode ended,
+  `next_observation` is its true final observation and the next step starts
+  the new episode.
+  """
+  observation: Array       # [T, *obs_shape]
+  action: Array            # [T, *action_shape]
+  reward: Array            # [T] r_{t+1}
+  discount: Array          # [T] 0 where the episode terminated at this step, else 1 (gamma is the loss's)
+  end_of_episode: Array    # [T] 1 where the episode ended here (terminated or truncated)
+  next_observation: Array  # [T, *obs_shape]
+  extras: Dict[str, Array]  # [T, ...] what the behaviour policy reported (log-probs, logits)
+
+
 class LearnerBatch(NamedTuple):
   """What a learner's `update` consumes: transitions and importance weights."""
-  transitions: Transition  # [B, ...]
+  transitions: Any         # Transition [B, ...] or Trajectory [B, T, ...]
   weights: Array           # [B] importance-sampling weights (1 for uniform replay)
 
 

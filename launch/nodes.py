@@ -25,15 +25,15 @@ from jrl.actors.inference import BatchedInference, InferenceClient
 from jrl.actors.variables import VariableClient
 from jrl.errors import Stopped
 from jrl.experiment import plots
-from jrl.experiment.builder import build_agent_parts, example_transition
+from jrl.experiment.builder import (build_agent_parts, example_item, items_per_fetch, make_adder, make_assembler,
+                                    make_block_writer)
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.logging import MetricsLogger, Progress
 from jrl.experiment.runner import write_json
 from jrl.learners import sharding
 from jrl.learners.learner import Learner, params_digest
 from jrl.replay import reverb_replay
-from jrl.replay.adders import BlockWriter, NStepTransitionAdder
-from jrl.replay.batches import PrefetchIterator, assemble, items_per_call
+from jrl.replay.batches import PrefetchIterator
 
 LOG_SECONDS = 1.0
 
@@ -62,12 +62,12 @@ class Counter:
 
 
 def _items_per_call(exp: ExperimentConfig, agent_cfg, replay_spec) -> int:
-  return items_per_call(exp.updates_per_call, agent_cfg.batch_size, replay_spec.block_size)
+  return items_per_fetch(replay_spec, exp.updates_per_call, agent_cfg.batch_size)
 
 
 def make_replay_tables(exp: ExperimentConfig, agent_cfg):
   parts = build_agent_parts(exp.agent, exp.env, agent_cfg)
-  signature = reverb_replay.transition_signature(example_transition(parts.env_spec), parts.replay_spec.block_size)
+  signature = reverb_replay.item_signature(example_item(parts, agent_cfg))
   # Leeway for actors and learner running at their own pace: a few learner calls' worth.
   error_buffer = 10 * _items_per_call(exp, agent_cfg, parts.replay_spec)
   return [reverb_replay.make_table(parts.replay_spec, signature, error_buffer)]
@@ -123,12 +123,11 @@ class LearnerNode:
     parts = build_agent_parts(exp.agent, exp.env, cfg)
     mesh = sharding.make_mesh(exp.learner_devices)
     spec = parts.replay_spec
-    sampler = reverb_replay.ReverbItemSampler(self._replay.server_address, _items_per_call(exp, cfg, spec))
-    rng = np.random.default_rng(exp.seed + 1)
-    importance = spec.importance_exponent if spec.prioritized else None
+    sampler = reverb_replay.ReverbItemSampler(self._replay.server_address, _items_per_call(exp, cfg, spec),
+                                              example_item(parts, cfg))
+    assemble_batch = make_assembler(spec, exp.updates_per_call, cfg.batch_size, np.random.default_rng(exp.seed + 1))
     batches = PrefetchIterator(lambda: (lambda p: p._replace(batch=sharding.put_batch(p.batch, mesh)))(
-        assemble(sampler.sample(), exp.updates_per_call, cfg.batch_size, importance, rng)), depth=exp.prefetch,
-        stop=lp.stop_event())
+        assemble_batch(sampler.sample())), depth=exp.prefetch, stop=lp.stop_event())
     updater = reverb_replay.ReverbPriorityUpdater(self._replay) if spec.prioritized else None
     self._learner = Learner(parts.agent.make_learner(parts.networks, cfg), jax.random.PRNGKey(exp.seed), batches,
                             updater, mesh=mesh)
@@ -173,9 +172,8 @@ class ActorNode:
       remote_infer = lambda actor_id, obs: wait_unless_stopped(server.futures.infer(actor_id, obs))
       policy = InferenceClient(remote_infer, self._id // exp.num_inference_servers)
     writer = reverb_replay.ReverbItemWriter(self._replay, stop=lp.stop_event())
-    blocks = BlockWriter(writer, parts.replay_spec.block_size)
-    actor = Actor(env, policy, NStepTransitionAdder(exp.num_envs, getattr(cfg, "n_step", 1), cfg.discount),
-                  sink=blocks.add)
+    blocks = make_block_writer(parts.replay_spec, writer)
+    actor = Actor(env, policy, make_adder(parts.replay_spec, exp.num_envs, cfg), sink=blocks.add)
     logger = MetricsLogger(self._run_dir, f"actor{self._id}")
     try:
       self._act(actor, policy, logger)

@@ -98,7 +98,7 @@ def test_prefetch_iterator_hands_over_producer_errors():
 def reverb_server():
   spec = ReplaySpec(block_size=BLOCK, max_size=100 * BLOCK, min_size=2 * BLOCK, samples_per_insert=1000.0,
                     prioritized=True, priority_exponent=1.0)
-  signature = reverb_replay.transition_signature(Transition(*[x[0] for x in _block(0)]), BLOCK)
+  signature = reverb_replay.item_signature(_block(0))
   server = reverb_replay.start_server([reverb_replay.make_table(spec, signature, error_buffer_items=10_000)])
   yield server
   server.stop()
@@ -116,7 +116,7 @@ def test_reverb_round_trip_blocks_keys_and_priorities(reverb_server):
   info = client.server_info()[reverb_replay.TABLE]
   assert info.current_size == 3
 
-  sampler = reverb_replay.ReverbItemSampler(address, num_items=30)
+  sampler = reverb_replay.ReverbItemSampler(address, 30, _block(0))
   sample = sampler.sample()
   assert sample.data.observation.shape == (30, BLOCK, 2) and sample.data.reward.dtype == np.float32
   assert sample.table_size == 3
@@ -132,7 +132,7 @@ def test_reverb_round_trip_blocks_keys_and_priorities(reverb_server):
   # Priority 0 for all but the item starting at 200: only it is sampled afterwards.
   chosen = next(k for k, r in first_by_key.items() if r == 200)
   reverb_replay.ReverbPriorityUpdater(client)({k: (5.0 if k == chosen else 0.0) for k in first_by_key})
-  later = reverb_replay.ReverbItemSampler(address, num_items=20).sample()
+  later = reverb_replay.ReverbItemSampler(address, 20, _block(0)).sample()
   assert set(later.keys.tolist()) == {chosen}
   np.testing.assert_allclose(later.probabilities, 1.0)
   writer.close()

@@ -5,7 +5,7 @@ jitted `select_action` in this process (IMPALA-style); a remote policy such as
 `jrl.actors.inference.InferenceClient` asks a central batched server (SEED-style).
 """
 
-from typing import Callable, Optional, Protocol
+from typing import Callable, Dict, Optional, Protocol
 
 import gymnasium as gym
 import jax
@@ -18,6 +18,7 @@ from jrl.types import PolicyFns, PRNGKey, Transition
 
 class BatchedPolicy(Protocol):
   version: int  # parameter version that chose the last actions
+  extras: Dict[str, np.ndarray]  # what the policy reported with the last actions ([E, ...] each)
 
   def __call__(self, obs: np.ndarray) -> np.ndarray:
     """Actions [E, ...] for observations [E, ...]."""
@@ -31,11 +32,13 @@ class LocalPolicy:
     self._state = policy.init(key)
     self._variables = variables
     self.version = variables.version
+    self.extras: Dict[str, np.ndarray] = {}
 
   def __call__(self, obs: np.ndarray) -> np.ndarray:
     self._variables.maybe_update()
     self.version = self._variables.version
-    action, _, self._state = self._select_action(self._variables.params, obs, self._state)
+    action, extras, self._state = self._select_action(self._variables.params, obs, self._state)
+    self.extras = extras
     return np.asarray(action)
 
 
@@ -69,7 +72,7 @@ class Actor:
     if self._adder is not None:
       bootstrap_obs = final_observations(next_obs, done, info)
       transitions = self._adder.add(self._obs, action, np.asarray(reward, np.float32), terminated, truncated,
-                                    bootstrap_obs)
+                                    bootstrap_obs, self.policy.extras)
       if self._sink is not None:
         self._sink(transitions)
     self._obs = next_obs

@@ -32,12 +32,13 @@ def decode(data: bytes) -> Any:
 
 
 class _Request:
-  __slots__ = ("actor_id", "obs", "done", "action", "error")
+  __slots__ = ("actor_id", "obs", "done", "action", "extras", "error")
 
   def __init__(self, actor_id: int, obs: np.ndarray):
     self.actor_id, self.obs = actor_id, obs
     self.done = threading.Event()
     self.action: Optional[np.ndarray] = None
+    self.extras: Dict[str, np.ndarray] = {}
     self.error: Optional[BaseException] = None
 
 
@@ -65,7 +66,7 @@ class BatchedInference:
       raise TimeoutError(f"inference server gave no action within {self._reply_timeout_s}s")
     if request.error is not None:
       raise RuntimeError(f"inference failed: {request.error}")
-    return encode({"action": request.action, "version": self.version})
+    return encode({"action": request.action, "extras": request.extras, "version": self.version})
 
   def stats(self) -> Dict[str, float]:
     total = sum(self.batch_size_counts.values())
@@ -107,14 +108,16 @@ class BatchedInference:
       for request in batch:
         self._obs_buffer[request.actor_id] = request.obs
         present[request.actor_id] = True
-      actions, _, new_states = self._select(self._variables.params, self._obs_buffer, self._states)
+      actions, extras, new_states = self._select(self._variables.params, self._obs_buffer, self._states)
       keep = jnp.asarray(present)
       self._states = jax.tree_util.tree_map(
           lambda new, old: jnp.where(keep.reshape((-1,) + (1,) * (new.ndim - 1)), new, old), new_states, self._states)
       actions = np.asarray(actions)
+      extras = {k: np.asarray(v) for k, v in extras.items()}
       self.batch_size_counts[len(batch)] = self.batch_size_counts.get(len(batch), 0) + 1
       for request in batch:
         request.action = actions[request.actor_id]
+        request.extras = {k: v[request.actor_id] for k, v in extras.items()}
     except BaseException as e:  # every waiting actor hears of it
       for request in batch:
         request.error = e
@@ -132,8 +135,10 @@ class InferenceClient:
     self._infer = infer
     self._actor_id = actor_id
     self.version = 0
+    self.extras: Dict[str, np.ndarray] = {}
 
   def __call__(self, obs: np.ndarray) -> np.ndarray:
     reply = decode(self._infer(self._actor_id, encode({"obs": np.asarray(obs, np.float32)})))
     self.version = int(reply["version"])
+    self.extras = {k: np.asarray(v) for k, v in (reply.get("extras") or {}).items()}
     return np.asarray(reply["action"])

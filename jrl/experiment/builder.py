@@ -1,14 +1,19 @@
 """The agent's pieces for an experiment, shared by the embedded runner and distributed nodes."""
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, Dict, NamedTuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jrl import envs
 from jrl.agents import get_agent
+from jrl.replay.adders import BlockWriter, NStepTransitionAdder, SequenceAdder
+from jrl.replay.batches import PreparedBatch, assemble, assemble_sequences, items_per_call
+from jrl.replay.buffer import SampledItems
 from jrl.replay.spec import ReplaySpec
 from jrl.specs import EnvSpec
-from jrl.types import Transition
+from jrl.types import Trajectory, Transition
 
 
 class AgentParts(NamedTuple):
@@ -31,3 +36,55 @@ def build_agent_parts(agent_name: str, env_id: str, agent_cfg) -> AgentParts:
 def example_transition(spec: EnvSpec) -> Transition:
   obs = np.zeros(spec.observation_shape, spec.observation_dtype)
   return Transition(obs, np.zeros(spec.action_shape, spec.action_dtype), np.float32(0), np.float32(0), obs)
+
+
+def policy_extras_example(parts: AgentParts, agent_cfg) -> Dict[str, np.ndarray]:
+  """Zeros shaped like one env step's policy extras, from the policy's abstract evaluation."""
+  policy = parts.agent.make_policy(parts.networks, agent_cfg)
+  obs = jnp.zeros((1,) + parts.env_spec.observation_shape, jnp.float32)
+  params = jax.eval_shape(_policy_params_init(parts), jax.random.PRNGKey(0))
+  _, extras, _ = jax.eval_shape(policy.select_action, params, obs, policy.init(jax.random.PRNGKey(0)))
+  return {k: np.zeros(v.shape[1:], v.dtype) for k, v in extras.items()}
+
+
+def _policy_params_init(parts: AgentParts):
+  networks = parts.networks
+  return getattr(networks, "policy_init", None) or networks.init
+
+
+def example_item(parts: AgentParts, agent_cfg) -> Any:
+  """Zeros shaped like one replay item: a block of transitions, or a trajectory."""
+  spec = parts.replay_spec
+  step = example_transition(parts.env_spec)
+  if not spec.sequences:
+    return Transition(*[np.zeros((spec.block_size,) + np.shape(x), np.asarray(x).dtype) for x in step])
+  t = spec.sequence_length
+  extras = policy_extras_example(parts, agent_cfg)
+  stack = lambda x: np.zeros((t,) + np.shape(x), np.asarray(x).dtype)
+  return Trajectory(stack(step.observation), stack(step.action), stack(np.float32(0)), stack(np.float32(0)),
+                    stack(np.float32(0)), stack(step.next_observation), {k: stack(v) for k, v in extras.items()})
+
+
+def make_adder(spec: ReplaySpec, num_envs: int, agent_cfg):
+  if spec.sequences:
+    return SequenceAdder(num_envs, spec.sequence_length)
+  return NStepTransitionAdder(num_envs, getattr(agent_cfg, "n_step", 1), agent_cfg.discount)
+
+
+def make_block_writer(spec: ReplaySpec, writer) -> BlockWriter:
+  if spec.sequences:
+    return BlockWriter(writer, 1, squeeze=True)  # one trajectory per item
+  return BlockWriter(writer, spec.block_size)
+
+
+def items_per_fetch(spec: ReplaySpec, updates_per_call: int, batch_size: int) -> int:
+  """Items one learner call consumes: whole sequences, or enough transition blocks."""
+  return batch_size if spec.sequences else items_per_call(updates_per_call, batch_size, spec.block_size)
+
+
+def make_assembler(spec: ReplaySpec, updates_per_call: int, batch_size: int,
+                   rng: np.random.Generator) -> Callable[[SampledItems], PreparedBatch]:
+  if spec.sequences:
+    return lambda sampled: assemble_sequences(sampled, batch_size)
+  importance = spec.importance_exponent if spec.prioritized else None
+  return lambda sampled: assemble(sampled, updates_per_call, batch_size, importance, rng)

@@ -20,16 +20,14 @@ from jrl.actors.actor import Actor, LocalPolicy
 from jrl.actors.evaluator import Evaluator
 from jrl.actors.variables import VariableClient
 from jrl.experiment import plots
-from jrl.experiment.builder import build_agent_parts, example_transition
+from jrl.experiment.builder import (build_agent_parts, example_item, items_per_fetch, make_adder, make_assembler,
+                                    make_block_writer)
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.logging import MetricsLogger, Progress, make_tensorboard
 from jrl.learners import distributed, sharding
 from jrl.learners.learner import Learner, params_digest
-from jrl.replay.adders import BlockWriter, NStepTransitionAdder
-from jrl.replay.batches import PrefetchIterator, PreparedBatch, assemble, items_per_call
+from jrl.replay.batches import PrefetchIterator, PreparedBatch
 from jrl.replay.buffer import SeededReplayBuffer
-from jrl.replay.spec import ReplaySpec
-from jrl.specs import EnvSpec
 
 
 class Replay(NamedTuple):
@@ -40,35 +38,35 @@ class Replay(NamedTuple):
   kind: str
 
 
-def make_replay(spec: ReplaySpec, env_spec: EnvSpec, exp: ExperimentConfig, batch_size: int,
-                mesh: jax.sharding.Mesh) -> Replay:
-  num_items = items_per_call(exp.updates_per_call, batch_size, spec.block_size)
-  importance = spec.importance_exponent if spec.prioritized else None
+def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: jax.sharding.Mesh) -> Replay:
+  spec = parts.replay_spec
+  num_items = items_per_fetch(spec, exp.updates_per_call, batch_size)
   local_seed = exp.seed + 100_003 * exp.process_id  # as in `run`
-  shuffle_rng = np.random.default_rng(local_seed + 1)
+  assemble_batch = make_assembler(spec, exp.updates_per_call, batch_size, np.random.default_rng(local_seed + 1))
 
   if exp.deterministic:
     buffer = SeededReplayBuffer(spec, seed=local_seed)
 
     def synchronous_batches():
       while True:
-        yield assemble(buffer.sample(num_items), exp.updates_per_call, batch_size, importance, shuffle_rng)
+        yield assemble_batch(buffer.sample(num_items))
 
     return Replay(buffer, synchronous_batches(), buffer.update_priorities, lambda: None, "seeded")
 
   from jrl.replay import reverb_replay  # the only path that loads reverb and TensorFlow
 
-  signature = reverb_replay.transition_signature(example_transition(env_spec), spec.block_size)
+  example = example_item(parts, agent_cfg)
+  signature = reverb_replay.item_signature(example)
   # Leeway for the batches prepared ahead plus the samples the dataset keeps in flight.
   error_buffer = (exp.prefetch + 4) * num_items
   server = reverb_replay.start_server([reverb_replay.make_table(spec, signature, error_buffer)])
   address = f"localhost:{server.port}"
   client = reverb_replay.reverb.Client(address)
   writer = reverb_replay.ReverbItemWriter(client)
-  sampler = reverb_replay.ReverbItemSampler(address, num_items)
+  sampler = reverb_replay.ReverbItemSampler(address, num_items, example)
 
   def produce() -> PreparedBatch:
-    prepared = assemble(sampler.sample(), exp.updates_per_call, batch_size, importance, shuffle_rng)
+    prepared = assemble_batch(sampler.sample())
     return prepared._replace(batch=sharding.put_batch(prepared.batch, mesh))
 
   batches = PrefetchIterator(produce, depth=exp.prefetch)
@@ -96,7 +94,8 @@ def write_json(path: str, payload: Dict) -> None:
 def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   """Trains `exp.agent` on `exp.env` for `exp.steps` env steps; returns the summary."""
   distributed.initialize(exp.coordinator_address, exp.num_processes, exp.process_id)
-  agent, env_spec, networks, replay_spec = build_agent_parts(exp.agent, exp.env, agent_cfg)
+  parts = build_agent_parts(exp.agent, exp.env, agent_cfg)
+  agent, networks, replay_spec = parts.agent, parts.networks, parts.replay_spec
   mesh = sharding.make_mesh(exp.learner_devices)
   sharding.check_batch_size(agent_cfg.batch_size, mesh)
   threshold = exp.reward_threshold if exp.reward_threshold is not None else envs.reward_threshold(exp.env)
@@ -113,11 +112,11 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   actor_key = jax.random.fold_in(actor_key, exp.process_id)
   # Each process feeds its own slice of the global batch from its own replay.
   local_batch_size = agent_cfg.batch_size // jax.process_count()
-  replay = make_replay(replay_spec, env_spec, exp, local_batch_size, mesh)
+  replay = make_replay(parts, agent_cfg, exp, local_batch_size, mesh)
   learner = Learner(agent.make_learner(networks, agent_cfg), learner_key, replay.batches,
                     replay.update_priorities if replay_spec.prioritized else None, mesh=mesh)
-  block_writer = BlockWriter(replay.writer, replay_spec.block_size)
-  adder = NStepTransitionAdder(exp.num_envs, getattr(agent_cfg, "n_step", 1), agent_cfg.discount)
+  block_writer = make_block_writer(replay_spec, replay.writer)
+  adder = make_adder(replay_spec, exp.num_envs, agent_cfg)
   actor = Actor(env, LocalPolicy(agent.make_policy(networks, agent_cfg), VariableClient(learner), actor_key),
                 adder=adder, sink=block_writer.add)
   evaluator = Evaluator(exp.env, agent.make_policy(networks, agent_cfg, evaluation=True),
@@ -127,6 +126,15 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   loggers = {role: MetricsLogger(run_dir, role, tb) for role in ("actor", "learner", "evaluator")}
   progress = Progress(f"{exp.agent} {exp.env} s{exp.seed}", exp.progress_seconds)
   samples_per_call = exp.updates_per_call * local_batch_size
+
+  def calls_owed(written: int) -> int:
+    """Learner calls due once `written` rows are in replay: one per batch of sequences
+    (on-policy), or enough to keep transitions sampled at samples_per_insert x inserted."""
+    if replay_spec.sequences:
+      return written // local_batch_size
+    if written < replay_spec.min_size:
+      return 0
+    return int((written - replay_spec.min_size) * replay_spec.samples_per_insert // samples_per_call) + 1
 
   start = time.monotonic()
   episodes_total = 0
@@ -161,11 +169,8 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
       recent_returns += stats.returns
       recent_lengths += stats.lengths
 
-      inserted = block_writer.transitions_written
-      if inserted >= replay_spec.min_size:
-        calls_owed = int((inserted - replay_spec.min_size) * replay_spec.samples_per_insert // samples_per_call) + 1
-        while learner.version < calls_owed:
-          learner_metrics = learner.step()
+      while learner.version < calls_owed(block_writer.transitions_written):
+        learner_metrics = learner.step()
 
       if actor.env_steps >= next_eval:
         next_eval += exp.eval_every

@@ -5,15 +5,24 @@ emits transitions, `BlockWriter` groups them into fixed-size items for any
 writer with `insert(block, priority)`.
 """
 
-from typing import List, Optional, Protocol
+from typing import Any, Dict, List, Optional, Protocol
 
+import jax
 import numpy as np
 
-from jrl.types import Transition
+from jrl.types import Trajectory, Transition
 
 
-def _concat(parts: List[Transition]) -> Transition:
-  return Transition(*[np.concatenate(field) for field in zip(*parts)])
+def _concat(parts: List[Any]) -> Any:
+  return jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *parts)
+
+
+def _rows(tree: Any, index) -> Any:
+  return jax.tree_util.tree_map(lambda x: x[index], tree)
+
+
+def _num_rows(tree: Any) -> int:
+  return len(jax.tree_util.tree_leaves(tree)[0])
 
 
 def _empty_like(obs: np.ndarray, action: np.ndarray) -> Transition:
@@ -44,8 +53,8 @@ class NStepTransitionAdder:
     self._rew = np.zeros((n_step, num_envs), np.float32)
     self._powers = self._gamma ** np.arange(n_step, dtype=np.float64)
 
-  def add(self, obs, action, reward, terminated, truncated, next_obs) -> Transition:
-    """Adds one vector step; returns the transitions completed by it."""
+  def add(self, obs, action, reward, terminated, truncated, next_obs, extras=None) -> Transition:
+    """Adds one vector step; returns the transitions completed by it (`extras` are not kept)."""
     obs, action = np.asarray(obs), np.asarray(action)
     if self._obs is None:
       self._obs = np.zeros((self._n,) + obs.shape, obs.dtype)
@@ -82,37 +91,67 @@ class NStepTransitionAdder:
                       np.repeat(final_obs[None], count, axis=0))
 
 
+class SequenceAdder:
+  """Fixed-length trajectories from a vector env: every `length` steps, one per env.
+
+  Sequences do not overlap and do not wait for episode ends; a boundary inside
+  a sequence is marked by `end_of_episode` and `discount` (see Trajectory).
+  """
+
+  def __init__(self, num_envs: int, length: int):
+    if length < 1:
+      raise ValueError(f"sequence length must be >= 1, got {length}")
+    self._num_envs, self._length = num_envs, length
+    self._steps: List[Trajectory] = []
+
+  def add(self, obs, action, reward, terminated, truncated, next_obs,
+          extras: Optional[Dict[str, np.ndarray]] = None) -> Trajectory:
+    """Adds one vector step; returns the sequences completed by it ([E, T, ...] or none)."""
+    self._steps.append(Trajectory(
+        np.asarray(obs), np.asarray(action), np.asarray(reward, np.float32),
+        1.0 - np.asarray(terminated, np.float32), np.logical_or(terminated, truncated).astype(np.float32),
+        np.asarray(next_obs), {k: np.asarray(v) for k, v in (extras or {}).items()}))
+    if len(self._steps) < self._length:
+      return _rows(jax.tree_util.tree_map(lambda x: x[None], self._steps[0]), slice(0, 0))
+    sequences = jax.tree_util.tree_map(lambda *xs: np.stack(xs, axis=1), *self._steps)  # [E, T, ...]
+    self._steps = []
+    return sequences
+
+
 class ItemWriter(Protocol):
-  def insert(self, block: Transition, priority: float) -> None:
+  def insert(self, block: Any, priority: float) -> None:
     ...
 
 
 class BlockWriter:
-  """Stages transitions and writes them as items of exactly `block_size`."""
+  """Stages rows (transitions, or whole sequences) and writes them as items of
+  exactly `block_size` rows; a block of one sequence is written as that sequence."""
 
-  def __init__(self, writer: ItemWriter, block_size: int, initial_priority: float = 1.0):
+  def __init__(self, writer: ItemWriter, block_size: int, initial_priority: float = 1.0, squeeze: bool = False):
     self._writer = writer
     self._block_size = block_size
     self._priority = initial_priority
-    self._staged: List[Transition] = []
+    self._squeeze = squeeze  # items are single rows: write row i, not rows [i:i+1]
+    self._staged: List[Any] = []
     self._num_staged = 0
-    self.transitions_written = 0
+    self.transitions_written = 0  # rows written
 
-  def add(self, transitions: Transition) -> None:
-    n = len(transitions.reward)
+  def add(self, rows: Any) -> None:
+    n = _num_rows(rows)
     if n == 0:
       return
-    self._staged.append(transitions)
+    self._staged.append(rows)
     self._num_staged += n
     if self._num_staged < self._block_size:
       return
     staged = _concat(self._staged)
     num_blocks = self._num_staged // self._block_size
     for b in range(num_blocks):
-      sl = slice(b * self._block_size, (b + 1) * self._block_size)
-      self._writer.insert(Transition(*[np.ascontiguousarray(x[sl]) for x in staged]), self._priority)
+      index = b if self._squeeze else slice(b * self._block_size, (b + 1) * self._block_size)
+      block = jax.tree_util.tree_map(lambda x: np.ascontiguousarray(x[index]), staged)
+      self._writer.insert(block, self._priority)
     used = num_blocks * self._block_size
     self.transitions_written += used
-    rest = Transition(*[x[used:] for x in staged])
-    self._staged = [rest] if len(rest.reward) else []
+    rest = _rows(staged, slice(used, None))
+    self._staged = [rest] if _num_rows(rest) else []
     self._num_staged -= used

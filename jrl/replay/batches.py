@@ -14,6 +14,7 @@ import queue
 import threading
 from typing import Callable, Dict, Iterator, NamedTuple, Optional
 
+import jax
 import numpy as np
 
 from jrl.replay.buffer import SampledItems
@@ -55,6 +56,14 @@ def assemble(sampled: SampledItems, updates_per_call: int, batch_size: int,
     weights = (sampled.table_size * probs) ** (-importance_exponent)
     weights = (weights / weights.max(axis=1, keepdims=True)).astype(np.float32)
   return PreparedBatch(LearnerBatch(transitions, weights), sampled.keys, item_index)
+
+
+def assemble_sequences(sampled: SampledItems, batch_size: int) -> PreparedBatch:
+  """Sequence items as one learner call: leaves [1, B, T, ...] (batch-major, so that the
+  shell shards axis 1 for every item kind; agents transpose to time-major)."""
+  data = jax.tree_util.tree_map(lambda x: x[None, :batch_size], sampled.data)
+  return PreparedBatch(LearnerBatch(data, np.ones((1, batch_size), np.float32)), sampled.keys[:batch_size],
+                       np.arange(batch_size)[None])
 
 
 def item_priorities(td_abs: np.ndarray, item_keys: np.ndarray, item_index: np.ndarray) -> Dict[int, float]:

@@ -6,31 +6,33 @@ first-in first-out; sampling is uniform or prioritized (p_i^alpha / sum p^alpha)
 as Reverb's Uniform and Prioritized samplers do.
 """
 
-from typing import Dict, NamedTuple, Optional
+from typing import Any, Dict, NamedTuple, Optional
 
+import jax
 import numpy as np
 
 from jrl.replay.spec import ReplaySpec
-from jrl.types import Transition
 
 
 class SampledItems(NamedTuple):
   keys: np.ndarray           # [N] uint64 item keys, for priority updates
   probabilities: np.ndarray  # [N] probability with which each item was drawn
   table_size: int            # items in the table when sampled
-  data: Transition           # [N, block_size, ...]
+  data: Any                  # Transition [N, block_size, ...] or Trajectory [N, T, ...]
 
 
 class SeededReplayBuffer:
-  """FIFO block storage with seeded uniform or prioritized sampling."""
+  """FIFO item storage with seeded uniform or prioritized sampling; for sequences
+  (`spec.sequences`) a queue: the oldest items, each sampled once."""
 
   def __init__(self, spec: ReplaySpec, seed: int):
     self._spec = spec
     self._capacity = spec.max_items
     self._rng = np.random.default_rng(seed)
-    self._storage: Optional[Transition] = None
+    self._storage: Optional[Any] = None
     self._priorities = np.zeros(self._capacity, np.float64)
     self._inserted = 0
+    self._consumed = 0  # queue mode: items sampled (and so removed)
 
   @property
   def size(self) -> int:
@@ -40,16 +42,20 @@ class SeededReplayBuffer:
   def items_inserted(self) -> int:
     return self._inserted
 
-  def insert(self, block: Transition, priority: float) -> None:
+  def insert(self, block: Any, priority: float) -> None:
     if self._storage is None:
-      self._storage = Transition(*[np.zeros((self._capacity,) + x.shape, x.dtype) for x in block])
+      self._storage = jax.tree_util.tree_map(lambda x: np.zeros((self._capacity,) + x.shape, x.dtype), block)
+    if self._spec.sequences and self._inserted - self._consumed >= self._capacity:
+      raise RuntimeError(f"replay queue is full ({self._capacity} items): the learner is not keeping up")
     slot = self._inserted % self._capacity
-    for store, x in zip(self._storage, block):
+    for store, x in zip(jax.tree_util.tree_leaves(self._storage), jax.tree_util.tree_leaves(block)):
       store[slot] = x
     self._priorities[slot] = priority
     self._inserted += 1
 
   def sample(self, num_items: int) -> SampledItems:
+    if self._spec.sequences:
+      return self._pop(num_items)
     size = self.size
     if size < self._spec.min_items:
       raise RuntimeError(f"replay holds {size} items, fewer than min_size {self._spec.min_items}")
@@ -62,8 +68,17 @@ class SeededReplayBuffer:
       slots = self._rng.integers(0, size, size=num_items)
       item_probs = np.full(num_items, 1.0 / size)
     keys = self._keys_of(slots)
-    data = Transition(*[store[slots] for store in self._storage])
+    data = jax.tree_util.tree_map(lambda store: store[slots], self._storage)
     return SampledItems(keys, item_probs, size, data)
+
+  def _pop(self, num_items: int) -> SampledItems:
+    available = self._inserted - self._consumed
+    if available < num_items:
+      raise RuntimeError(f"replay queue holds {available} items, {num_items} were asked for")
+    keys = np.arange(self._consumed, self._consumed + num_items)
+    self._consumed += num_items
+    data = jax.tree_util.tree_map(lambda store: store[keys % self._capacity], self._storage)
+    return SampledItems(keys.astype(np.uint64), np.ones(num_items), available, data)
 
   def update_priorities(self, priorities: Dict[int, float]) -> None:
     oldest = self._inserted - self.size

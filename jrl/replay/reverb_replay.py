@@ -19,7 +19,6 @@ import tree
 from jrl.errors import Stopped
 from jrl.replay.buffer import SampledItems
 from jrl.replay.spec import ReplaySpec
-from jrl.types import Transition
 
 TABLE = "replay"
 # Seconds an insert may wait on the server before we call the server dead or stuck.
@@ -28,19 +27,20 @@ INSERT_TIMEOUT_MS = 60_000
 tf.config.set_visible_devices([], "GPU")  # TF only moves bytes here; keep GPUs for JAX.
 
 
-def transition_signature(example: Transition, block_size: int) -> Transition:
-  """Table signature for items of `block_size` transitions shaped like `example` (one step)."""
-  return Transition(*[tf.TensorSpec((block_size,) + np.shape(x), tf.as_dtype(np.asarray(x).dtype))
-                      for x in example])
+def item_signature(example_item) -> object:
+  """Table signature of items shaped like `example_item` (a whole item: block or sequence)."""
+  return tree.map_structure(lambda x: tf.TensorSpec(np.shape(x), tf.as_dtype(np.asarray(x).dtype)), example_item)
 
 
-def make_table(spec: ReplaySpec, signature: Transition, error_buffer_items: float,
-               name: str = TABLE) -> reverb.Table:
-  """A FIFO table of blocks, uniform or prioritized, limited by a sample/insert ratio.
+def make_table(spec: ReplaySpec, signature, error_buffer_items: float, name: str = TABLE) -> reverb.Table:
+  """A FIFO table of blocks, uniform or prioritized, limited by a sample/insert ratio;
+  or, for sequences, a queue whose items are each sampled once.
 
   Items sampled per item inserted equals transitions sampled per transition
   inserted, so `spec.samples_per_insert` is used as is.
   """
+  if spec.sequences:
+    return reverb.Table.queue(name=name, max_size=spec.max_items, signature=signature)
   sampler = (reverb.selectors.Prioritized(spec.priority_exponent) if spec.prioritized
              else reverb.selectors.Uniform())
   error_buffer = max(float(error_buffer_items), 2.0 * max(1.0, spec.samples_per_insert))
@@ -68,7 +68,7 @@ class ReverbItemWriter:
     self._max_in_flight = max_in_flight_items
     self.items_inserted = 0
 
-  def insert(self, block: Transition, priority: float) -> None:
+  def insert(self, block, priority: float) -> None:
     self._writer.append(block)
     trajectory = tree.map_structure(lambda column: column[-1], self._writer.history)
     self._writer.create_item(self._table, priority, trajectory)
@@ -106,7 +106,8 @@ class ReverbItemSampler:
   what makes Reverb sampling fast (~10x a Python `client.sample` loop).
   """
 
-  def __init__(self, server_address: str, num_items: int, table: str = TABLE):
+  def __init__(self, server_address: str, num_items: int, structure, table: str = TABLE):
+    self._structure = structure  # an example item: samples come back in its pytree structure
     dataset = reverb.TrajectoryDataset.from_table_signature(
         server_address=server_address, table=table,
         max_in_flight_samples_per_worker=max(2 * num_items, 16))
@@ -115,7 +116,7 @@ class ReverbItemSampler:
 
   def sample(self) -> SampledItems:
     sample = next(self._iterator)
-    data = Transition(*tree.flatten(sample.data))
+    data = tree.unflatten_as(self._structure, tree.flatten(sample.data))
     return SampledItems(sample.info.key.astype(np.uint64), sample.info.probability.astype(np.float64),
                         int(sample.info.table_size.max()), data)
 

@@ -21,8 +21,13 @@ class ReplaySpec:
   prioritized: bool = False
   priority_exponent: float = 0.6    # alpha
   importance_exponent: float = 0.4  # beta
-  # Leeway of the sample/insert rate limiter, in transitions sampled.
-  rate_limiter_error_buffer: float = 0.0
+  # On-policy data: items are trajectories of `sequence_length` steps in a FIFO
+  # queue, each sampled once (block_size, samples_per_insert and priorities unused).
+  sequence_length: int = 0          # 0: items are blocks of n-step transitions
+
+  @property
+  def sequences(self) -> bool:
+    return self.sequence_length > 0
 
   def __post_init__(self):
     for name in ("block_size", "max_size"):
