@@ -75,3 +75,22 @@ def test_sac_defaults_reach_minus_200_on_pendulum_within_20k_steps(tmp_path):
   summary = run(exp, sac.Config())
   assert summary["steps_to_threshold"] is not None and summary["steps_to_threshold"] <= 20_000, summary
   assert summary["best_eval_return"] >= -200.0
+
+
+def test_ppo_defaults_solve_cartpole_within_100k_steps(tmp_path):
+  """PPO through a Reverb queue of trajectories reaches 475 (seed 0, deterministic replay)."""
+  from jrl.agents import ppo
+  exp = ExperimentConfig(agent="ppo", seed=0, steps=100_000, deterministic=True, stop_at_threshold=True,
+                         eval_every=5_000, run_dir=str(tmp_path / "ppo"), progress_seconds=0)
+  summary = run(exp, ppo.Config())
+  assert summary["steps_to_threshold"] is not None and summary["steps_to_threshold"] <= 100_000, summary
+  assert summary["best_eval_return"] >= 475.0
+
+
+def test_ppo_through_a_reverb_queue(tmp_path):
+  from jrl.agents import ppo
+  exp = ExperimentConfig(agent="ppo", seed=0, steps=4_096, eval_every=2_048, eval_episodes=2,
+                         run_dir=str(tmp_path / "ppoq"), progress_seconds=0)
+  summary = run(exp, ppo.Config())
+  assert summary["replay"] == "reverb"
+  assert summary["learner_steps"] == 4_096 // (8 * 64)  # every trajectory used by exactly one call

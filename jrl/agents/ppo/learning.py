@@ -1,0 +1,103 @@
+"""PPO learner: GAE advantages (rlax) and several epochs of clipped-surrogate minibatch updates per call."""
+
+from typing import NamedTuple
+
+import distrax
+import jax
+import jax.numpy as jnp
+import optax
+import rlax
+
+from jrl.agents.ppo.config import Config
+from jrl.agents.ppo.networks import Networks
+from jrl.types import Array, LearnerBatch, LearnerFns, Params, PRNGKey, Trajectory
+
+
+class TrainingState(NamedTuple):
+  params: Params
+  opt_state: optax.OptState
+  key: PRNGKey   # minibatch shuffling
+  steps: Array   # [] int32 learner calls
+
+
+def gae_advantages(reward: Array, discount: Array, end_of_episode: Array, value: Array, next_value: Array,
+                   gamma: float, lambda_: float) -> Array:
+  """GAE over one trajectory [T] whose episode boundaries may fall inside it.
+
+  rlax's recursion uses `values[t + 1]` both to bootstrap step t and as the value
+  of step t + 1; across an episode boundary these differ (the final observation
+  vs the next episode's first). The reward is corrected by the difference, and
+  the trace is cut at every episode end (lambda_t = 0) while termination alone
+  stops bootstrapping (discount_t = 0).
+  """
+  discount_t = gamma * discount
+  values = jnp.concatenate([value, next_value[-1:]])  # [T + 1]
+  corrected_reward = reward + discount_t * (next_value - values[1:])
+  lambda_t = lambda_ * (1.0 - end_of_episode)
+  return rlax.truncated_generalized_advantage_estimation(corrected_reward, discount_t, lambda_t, values)
+
+
+def clipped_policy_loss(log_prob: Array, behaviour_log_prob: Array, advantages: Array, epsilon: float) -> Array:
+  """-mean(min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)), ratio = pi / pi_behaviour."""
+  ratio = jnp.exp(log_prob - behaviour_log_prob)
+  return rlax.clipped_surrogate_pg_loss(ratio, advantages, epsilon)
+
+
+def make_learner(networks: Networks, cfg: Config) -> LearnerFns:
+  optimizer = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
+                          optax.adam(cfg.learning_rate, eps=cfg.adam_eps))
+
+  def init(key) -> TrainingState:
+    params_key, key = jax.random.split(key)
+    params = networks.init(params_key)
+    return TrainingState(params, optimizer.init(params), key, jnp.zeros((), jnp.int32))
+
+  def minibatch_loss(params, data):
+    logits, value = networks.apply(params, data["observation"])
+    dist = distrax.Categorical(logits=logits)
+    log_prob = dist.log_prob(data["action"])
+    ratio = jnp.exp(log_prob - data["behaviour_log_prob"])
+    advantages = data["advantage"]
+    if cfg.normalize_advantages:
+      advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    policy_loss = clipped_policy_loss(log_prob, data["behaviour_log_prob"], advantages, cfg.clip_epsilon)
+    value_loss = 0.5 * jnp.mean((value - data["return"]) ** 2)
+    entropy = jnp.mean(dist.entropy())
+    loss = policy_loss + cfg.value_cost * value_loss - cfg.entropy_cost * entropy
+    return loss, {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy,
+                  "clip_fraction": jnp.mean(jnp.abs(ratio - 1.0) > cfg.clip_epsilon)}
+
+  def update(state: TrainingState, batch: LearnerBatch):
+    traj: Trajectory = batch.transitions  # [B, T, ...]
+    _, value = jax.vmap(networks.apply, in_axes=(None, 0))(state.params, traj.observation)
+    _, next_value = jax.vmap(networks.apply, in_axes=(None, 0))(state.params, traj.next_observation)
+    advantage = jax.vmap(gae_advantages, in_axes=(0, 0, 0, 0, 0, None, None))(
+        traj.reward, traj.discount, traj.end_of_episode, value, next_value, cfg.discount, cfg.gae_lambda)
+    data = {"observation": traj.observation, "action": traj.action,
+            "behaviour_log_prob": traj.extras["log_prob"], "advantage": advantage,
+            "return": jax.lax.stop_gradient(advantage + value)}
+    data = jax.tree_util.tree_map(lambda x: jnp.asarray(x).reshape((-1,) + x.shape[2:]), data)  # [B * T, ...]
+    num = data["advantage"].shape[0]
+
+    def epoch(carry, _):
+      params, opt_state, key = carry
+      key, perm_key = jax.random.split(key)
+      order = jax.random.permutation(perm_key, num).reshape(cfg.num_minibatches, -1)
+
+      def minibatch(carry, indices):
+        params, opt_state = carry
+        (_, metrics), grads = jax.value_and_grad(minibatch_loss, has_aux=True)(
+            params, jax.tree_util.tree_map(lambda x: x[indices], data))
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), metrics
+
+      (params, opt_state), metrics = jax.lax.scan(minibatch, (params, opt_state), order)
+      return (params, opt_state, key), metrics
+
+    (params, opt_state, key), metrics = jax.lax.scan(epoch, (state.params, state.opt_state, state.key), None,
+                                                      length=cfg.num_epochs)
+    metrics = jax.tree_util.tree_map(jnp.mean, metrics)
+    metrics["advantage_mean"] = jnp.mean(advantage)
+    return TrainingState(params, opt_state, key, state.steps + 1), metrics
+
+  return LearnerFns(init=init, update=update, params=lambda state: state.params)
