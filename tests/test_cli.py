@@ -18,6 +18,7 @@ BAD_INPUTS = {
     "continuous actions for dqn": (["--env", "Pendulum-v1"], "agent: dqn needs a Discrete action space"),
     "discrete actions for sac": (["--agent", "sac", "--env", "CartPole-v1"], "agent: sac needs a Box action space"),
     "continuous actions for ppo": (["--agent", "ppo", "--env", "Pendulum-v1"], "agent: ppo supports Discrete action spaces only"),
+    "continuous actions for impala": (["--agent", "impala", "--env", "Pendulum-v1"], "agent: impala supports Discrete action spaces only"),
     "zero steps": (["--steps", "0"], "steps: must be > 0, got 0"),
     "negative steps": (["--steps", "-5"], "steps: must be > 0, got -5"),
     "zero batch size": (["--batch_size", "0"], "batch_size: must be > 0, got 0"),

@@ -94,3 +94,12 @@ def test_ppo_through_a_reverb_queue(tmp_path):
   summary = run(exp, ppo.Config())
   assert summary["replay"] == "reverb"
   assert summary["learner_steps"] == 4_096 // (8 * 64)  # every trajectory used by exactly one call
+
+
+def test_impala_defaults_solve_cartpole_within_200k_steps(tmp_path):
+  from jrl.agents import impala
+  exp = ExperimentConfig(agent="impala", seed=0, steps=200_000, deterministic=True, stop_at_threshold=True,
+                         eval_every=10_000, run_dir=str(tmp_path / "impala"), progress_seconds=0)
+  summary = run(exp, impala.Config())
+  assert summary["steps_to_threshold"] is not None and summary["steps_to_threshold"] <= 200_000, summary
+  assert summary["best_eval_return"] >= 475.0

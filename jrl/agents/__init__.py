@@ -5,7 +5,7 @@ from types import ModuleType
 
 from jrl.errors import ConfigError
 
-AGENTS = {"dqn": "jrl.agents.dqn", "ppo": "jrl.agents.ppo", "sac": "jrl.agents.sac"}
+AGENTS = {"dqn": "jrl.agents.dqn", "impala": "jrl.agents.impala", "ppo": "jrl.agents.ppo", "sac": "jrl.agents.sac"}
 
 
 def get_agent(name: str) -> ModuleType:

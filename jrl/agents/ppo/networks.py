@@ -30,7 +30,7 @@ class Networks(NamedTuple):
 
 def make_networks(spec: EnvSpec, cfg: Config) -> Networks:
   if not spec.discrete:
-    raise ConfigError("agent", f"ppo supports Discrete action spaces only (no continuous head yet); "
+    raise ConfigError("agent", f"{cfg.__module__.split('.')[-2]} supports Discrete action spaces only (no continuous head yet); "
                                f"the env has a Box of shape {spec.action_shape}")
   module = ActorCritic(spec.num_actions, tuple(cfg.hidden_sizes))
   dummy = jnp.zeros((1,) + spec.observation_shape, jnp.float32)
