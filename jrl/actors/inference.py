@@ -12,6 +12,7 @@ arguments (the call ends in Deadline Exceeded), while bytes arrive.
 
 import queue
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional
 
 import jax
@@ -53,6 +54,9 @@ class BatchedInference:
     self._num_actors = num_actors
     self._obs_buffer = np.zeros((num_actors, num_envs) + tuple(obs_shape), np.float32)
     self._timeout_s = timeout_ms / 1000.0
+    # An actor counts as active while its last request is this recent.
+    self._activity_window_s = 5 * self._timeout_s
+    self._last_seen = np.full(num_actors, -np.inf)
     self._reply_timeout_s = reply_timeout_s
     self._requests: "queue.Queue[_Request]" = queue.Queue()
     self.batch_size_counts: Dict[int, int] = {}
@@ -82,22 +86,29 @@ class BatchedInference:
         self._answer(batch)
 
   def _collect(self) -> List[_Request]:
+    """The first request, then more until every recently active actor has asked or the
+    timeout passes. Waiting only for actors seen lately (not all of them) keeps an actor
+    that is blocked elsewhere (e.g. on a full replay queue) from costing every batch the
+    whole timeout."""
     try:
       first = self._requests.get(timeout=0.1)
     except queue.Empty:
       return []
     batch = [first]
-    deadline = threading.Event()
-    timer = threading.Timer(self._timeout_s, deadline.set)
-    timer.start()
-    try:
-      while len(batch) < self._num_actors and not deadline.is_set():
-        try:
-          batch.append(self._requests.get(timeout=self._timeout_s / 4))
-        except queue.Empty:
-          continue
-    finally:
-      timer.cancel()
+    now = time.monotonic()
+    self._last_seen[first.actor_id] = now
+    expected = int(np.sum(now - self._last_seen <= self._activity_window_s))
+    deadline = now + self._timeout_s
+    while len(batch) < expected:
+      remaining = deadline - time.monotonic()
+      if remaining <= 0:
+        break
+      try:
+        request = self._requests.get(timeout=remaining)
+      except queue.Empty:
+        break
+      self._last_seen[request.actor_id] = time.monotonic()
+      batch.append(request)
     return batch
 
   def _answer(self, batch: List[_Request]) -> None:
