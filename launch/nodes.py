@@ -9,6 +9,7 @@ from jrl import compat
 
 compat.import_jax_probability()  # before anything imports TensorFlow
 
+import concurrent.futures
 import os
 import threading
 import time
@@ -76,10 +77,12 @@ def make_replay_tables(exp: ExperimentConfig, agent_cfg):
 def wait_unless_stopped(future):
   """The result of a courier future; Stopped if the program stops first (a dead
   peer must not keep this node alive past the program's stop)."""
-  while not future.done():
-    if lp.stop_event().wait(0.05):
-      raise Stopped("program stopping")
-  return future.result()
+  while True:
+    try:
+      return future.result(timeout=0.05)  # returns as soon as the reply is in
+    except concurrent.futures.TimeoutError:
+      if lp.stop_event().is_set():
+        raise Stopped("program stopping")
 
 
 class AsyncRemoteVariables:
