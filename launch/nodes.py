@@ -85,6 +85,19 @@ def wait_unless_stopped(future):
         raise Stopped("program stopping")
 
 
+def exit_soon_after_stop(grace_seconds: float = 5.0) -> None:
+  """Ends this node's process `grace_seconds` after the program's stop, wherever its
+  main thread is (still compiling, or waiting on a peer that is gone): a node must
+  not outlive the program, and Launchpad kills the whole runtime, launcher
+  included, when one lingers."""
+  def watchdog():
+    lp.wait_for_stop()
+    time.sleep(grace_seconds)
+    os._exit(0)
+
+  threading.Thread(target=watchdog, name="exit-after-stop", daemon=True).start()
+
+
 class AsyncRemoteVariables:
   """Variable source over RPC that refreshes in the background: each call
   returns the newest parameters received and keeps one request in flight."""
@@ -122,6 +135,7 @@ class LearnerNode:
     return self._served[1], self._served[0]
 
   def run(self):
+    exit_soon_after_stop()
     exp, cfg = self._exp, self._cfg
     parts = build_agent_parts(exp.agent, exp.env, cfg)
     mesh = sharding.make_mesh(exp.learner_devices)
@@ -136,6 +150,13 @@ class LearnerNode:
                             updater, mesh=mesh)
     self._ready.set()
     logger = MetricsLogger(self._run_dir, "learner", step_key="learner_steps")
+    try:
+      self._learn(logger)
+    except Stopped:
+      pass
+
+  def _learn(self, logger):
+    exp = self._exp
     last_time, last_steps = time.monotonic(), 0
     while not lp.stop_event().is_set():
       try:
@@ -147,7 +168,7 @@ class LearnerNode:
       now = time.monotonic()
       if now - last_time >= LOG_SECONDS:
         steps = self._learner.steps
-        counts = self._counter.increment(learner_steps=steps - last_steps)
+        counts = wait_unless_stopped(self._counter.futures.increment(learner_steps=steps - last_steps))
         logger.write({"learner_steps": steps, "actor_steps": counts.get("actor_steps", 0.0), **metrics,
                       "updates_per_second": (steps - last_steps) / (now - last_time)})
         last_time, last_steps = now, steps
@@ -163,6 +184,7 @@ class ActorNode:
     self._run_dir = run_dir
 
   def run(self):
+    exit_soon_after_stop()
     exp, cfg = self._exp, self._cfg
     parts = build_agent_parts(exp.agent, exp.env, cfg)
     seed = exp.seed + 1_000 * (self._id + 1)
@@ -191,9 +213,10 @@ class ActorNode:
       returns += actor.step().returns
       now = time.monotonic()
       if now - last_time >= LOG_SECONDS:
-        counts = self._counter.increment(actor_steps=actor.env_steps - last_steps, episodes=len(returns))
+        counts = wait_unless_stopped(self._counter.futures.increment(actor_steps=actor.env_steps - last_steps,
+                                                                     episodes=len(returns)))
         lag = wait_unless_stopped(self._learner.futures.version()) - policy.version
-        self._counter.increment(policy_lag_sum=lag, policy_lag_count=1)
+        self._counter.futures.increment(policy_lag_sum=lag, policy_lag_count=1)
         logger.write({"actor_steps": actor.env_steps, "total_actor_steps": counts["actor_steps"],
                       "episode_return": float(np.mean(returns)) if returns else float("nan"),
                       "steps_per_second": (actor.env_steps - last_steps) / (now - last_time),
@@ -221,6 +244,7 @@ class InferenceNode:
     return self._core.stats()
 
   def run(self):
+    exit_soon_after_stop()
     exp, cfg = self._exp, self._cfg
     parts = build_agent_parts(exp.agent, exp.env, cfg)
     variables = VariableClient(AsyncRemoteVariables(self._learner), 1)
@@ -240,6 +264,7 @@ class EvaluatorNode:
     self._servers, self._run_dir = list(inference_servers), run_dir
 
   def run(self):
+    exit_soon_after_stop()
     exp, cfg = self._exp, self._cfg
     parts = build_agent_parts(exp.agent, exp.env, cfg)
     threshold = exp.reward_threshold if exp.reward_threshold is not None else envs.reward_threshold(exp.env)
@@ -256,7 +281,7 @@ class EvaluatorNode:
     start = time.monotonic()
     history, steps_to_threshold, next_eval = [], None, exp.eval_every
     while not lp.stop_event().wait(0.2):
-      counts = self._counter.get_counts()
+      counts = wait_unless_stopped(self._counter.futures.get_counts())
       actor_steps = counts.get("actor_steps", 0.0)
       done = actor_steps >= exp.steps
       if actor_steps >= next_eval or done:
