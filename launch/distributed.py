@@ -78,12 +78,20 @@ class _ProgressEcho(threading.Thread):
     self._stop.set()
 
 
+# When a node dies its peers often fail next (their calls to it break); report the
+# node whose failure explains the others: services before their clients.
+FAILURE_BLAME_ORDER = ("learner", "replay", "inference", "counter", "evaluator", "actor")
+
+
 def failed_node_report(log_dir: str, max_lines: int = 25) -> str:
-  """The traceback of the first node log that has one: which node, and its error."""
-  logs = sorted(glob.glob(os.path.join(log_dir, "**", "*"), recursive=True), key=os.path.getmtime)
-  for path in logs:
-    if not os.path.isfile(path):
-      continue
+  """The traceback of the failed node that explains the others: which node, and its error."""
+  def blame(path):
+    group = os.path.relpath(path, log_dir).split(os.sep)[0]
+    return (FAILURE_BLAME_ORDER.index(group) if group in FAILURE_BLAME_ORDER else len(FAILURE_BLAME_ORDER),
+            os.path.getmtime(path))
+
+  logs = [p for p in glob.glob(os.path.join(log_dir, "**", "*"), recursive=True) if os.path.isfile(p)]
+  for path in sorted(logs, key=blame):
     with open(path, errors="replace") as f:
       lines = f.read().splitlines()
     starts = [i for i, line in enumerate(lines) if line.startswith("Traceback")]
