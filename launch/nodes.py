@@ -13,7 +13,7 @@ import concurrent.futures
 import os
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import jax
 import launchpad as lp

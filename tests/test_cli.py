@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 
 from jrl.agents import dqn
 from jrl.experiment.config import ExperimentConfig

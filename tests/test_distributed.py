@@ -9,7 +9,6 @@ import sys
 import time
 
 import psutil
-import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--steps", "3000", "--min_replay_size", "500", "--eval_every", "1000", "--eval_episodes", "3",

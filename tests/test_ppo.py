@@ -2,7 +2,6 @@
 the sequence adder, and transform properties of the update."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import rlax

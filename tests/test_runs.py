@@ -4,7 +4,6 @@ import csv
 import json
 import os
 
-import pytest
 
 from jrl.agents import dqn
 from jrl.experiment.config import ExperimentConfig

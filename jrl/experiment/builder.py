@@ -39,17 +39,14 @@ def example_transition(spec: EnvSpec) -> Transition:
 
 
 def policy_extras_example(parts: AgentParts, agent_cfg) -> Dict[str, np.ndarray]:
-  """Zeros shaped like one env step's policy extras, from the policy's abstract evaluation."""
+  """Zeros shaped like one env step's policy extras, from abstract evaluation (no compute)
+  of the learner's init (for the policy's parameters) and the policy."""
+  learner = parts.agent.make_learner(parts.networks, agent_cfg)
   policy = parts.agent.make_policy(parts.networks, agent_cfg)
+  params = jax.eval_shape(lambda key: learner.params(learner.init(key)), jax.random.PRNGKey(0))
   obs = jnp.zeros((1,) + parts.env_spec.observation_shape, jnp.float32)
-  params = jax.eval_shape(_policy_params_init(parts), jax.random.PRNGKey(0))
   _, extras, _ = jax.eval_shape(policy.select_action, params, obs, policy.init(jax.random.PRNGKey(0)))
   return {k: np.zeros(v.shape[1:], v.dtype) for k, v in extras.items()}
-
-
-def _policy_params_init(parts: AgentParts):
-  networks = parts.networks
-  return getattr(networks, "policy_init", None) or networks.init
 
 
 def example_item(parts: AgentParts, agent_cfg) -> Any:

@@ -2,7 +2,6 @@
 
 from typing import Callable, NamedTuple
 
-import jax
 import jax.numpy as jnp
 
 from jrl.agents.dqn.config import Config
