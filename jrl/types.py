@@ -48,6 +48,16 @@ class LearnerBatch(NamedTuple):
   weights: Array           # [B] importance-sampling weights (1 for uniform replay)
 
 
+class ActorState(NamedTuple):
+  """Policy state of stateless (feed-forward) policies."""
+  key: PRNGKey      # randomness of action sampling
+  env_steps: Array  # [] int32 env steps taken (drives exploration schedules)
+
+
+def initial_actor_state(key: PRNGKey) -> ActorState:
+  return ActorState(key, jax.numpy.zeros((), jax.numpy.int32))
+
+
 class InitFn(Protocol):
   def __call__(self, key: PRNGKey) -> Any:
     ...

@@ -1,7 +1,5 @@
 """DQN policies: epsilon-greedy for acting, greedy for evaluation."""
 
-from typing import NamedTuple
-
 import distrax
 import jax
 import jax.numpy as jnp
@@ -9,12 +7,7 @@ import optax
 
 from jrl.agents.dqn.config import Config
 from jrl.agents.dqn.networks import Networks
-from jrl.types import Array, PolicyFns, PRNGKey
-
-
-class ActorState(NamedTuple):
-  key: PRNGKey
-  env_steps: Array  # [] int32 env steps taken by this actor (drives the epsilon schedule)
+from jrl.types import ActorState, Array, PolicyFns, initial_actor_state
 
 
 def epsilon_schedule(cfg: Config) -> optax.Schedule:
@@ -23,9 +16,6 @@ def epsilon_schedule(cfg: Config) -> optax.Schedule:
 
 def make_policy(networks: Networks, cfg: Config, evaluation: bool = False) -> PolicyFns:
   schedule = epsilon_schedule(cfg)
-
-  def init(key: PRNGKey) -> ActorState:
-    return ActorState(key, jnp.zeros((), jnp.int32))
 
   def select_action(params, obs: Array, state: ActorState):
     key, sample_key = jax.random.split(state.key)
@@ -37,4 +27,4 @@ def make_policy(networks: Networks, cfg: Config, evaluation: bool = False) -> Po
       action = distrax.EpsilonGreedy(q, epsilon).sample(seed=sample_key)
     return action.astype(jnp.int32), {}, ActorState(key, state.env_steps + obs.shape[0])
 
-  return PolicyFns(init=init, select_action=select_action)
+  return PolicyFns(init=initial_actor_state, select_action=select_action)

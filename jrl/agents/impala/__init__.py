@@ -1,13 +1,13 @@
-"""IMPALA: the five pure pieces; it shares PPO's actor-critic network."""
+"""IMPALA: the five pure pieces; the actor-critic network is shared with PPO."""
 
+from jrl.agents import actor_critic
 from jrl.agents.impala.acting import make_policy
 from jrl.agents.impala.config import Config
 from jrl.agents.impala.learning import make_learner
-from jrl.agents.ppo.networks import make_networks as _make_actor_critic
 
 
-def make_networks(spec, cfg: Config):
-  return _make_actor_critic(spec, cfg)
+def make_networks(spec, cfg: Config) -> actor_critic.Networks:
+  return actor_critic.make_networks("impala", spec, cfg.hidden_sizes)
 
 
 def make_replay_spec(cfg: Config):

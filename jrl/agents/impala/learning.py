@@ -9,7 +9,7 @@ import optax
 import rlax
 
 from jrl.agents.impala.config import Config
-from jrl.agents.ppo.networks import Networks
+from jrl.agents.actor_critic import Networks
 from jrl.types import Array, LearnerBatch, LearnerFns, Params, Trajectory
 
 

@@ -1,25 +1,15 @@
 """SAC policies: a sample of the tanh-Gaussian for acting, its mode (tanh of the mean) for evaluation."""
 
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 
 from jrl.agents.sac.config import Config
 from jrl.agents.sac.networks import Networks, tanh_gaussian
-from jrl.types import Array, PolicyFns, PRNGKey
-
-
-class ActorState(NamedTuple):
-  key: PRNGKey
-  env_steps: Array  # [] int32
+from jrl.types import ActorState, Array, PolicyFns, initial_actor_state
 
 
 def make_policy(networks: Networks, cfg: Config, evaluation: bool = False) -> PolicyFns:
   del cfg
-
-  def init(key: PRNGKey) -> ActorState:
-    return ActorState(key, jnp.zeros((), jnp.int32))
 
   def select_action(params, obs: Array, state: ActorState):
     key, sample_key = jax.random.split(state.key)
@@ -27,4 +17,4 @@ def make_policy(networks: Networks, cfg: Config, evaluation: bool = False) -> Po
     action = jnp.tanh(mean) if evaluation else tanh_gaussian(mean, log_std).sample(seed=sample_key)
     return networks.to_env(action).astype(jnp.float32), {}, ActorState(key, state.env_steps + obs.shape[0])
 
-  return PolicyFns(init=init, select_action=select_action)
+  return PolicyFns(init=initial_actor_state, select_action=select_action)
