@@ -19,7 +19,7 @@ class Config:
   clip_pg_rho_threshold: float = 1.0  # for the policy-gradient advantages
   entropy_cost: float = 0.01
   baseline_cost: float = 0.5
-  learning_rate: float = 1e-3
+  learning_rate: float = 5e-4
   max_grad_norm: float = 40.0
   sequence_length: int = 32           # steps per trajectory
   batch_size: int = 8                 # trajectories per update
