@@ -62,5 +62,10 @@ class ExperimentConfig:
     if self.progress_seconds < 0:
       raise ConfigError("progress_seconds", f"must be >= 0, got {self.progress_seconds}")
 
+  @property
+  def local_seed(self) -> int:
+    """Seed of this process's envs and replay sampling; processes share the learner's `seed`."""
+    return self.seed + 100_003 * self.process_id
+
   def default_run_dir(self) -> str:
     return f"runs/{self.agent}-{self.env}-s{self.seed}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -41,11 +41,10 @@ class Replay(NamedTuple):
 def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: jax.sharding.Mesh) -> Replay:
   spec = parts.replay_spec
   num_items = items_per_fetch(spec, exp.updates_per_call, batch_size)
-  local_seed = exp.seed + 100_003 * exp.process_id  # as in `run`
-  assemble_batch = make_assembler(spec, exp.updates_per_call, batch_size, np.random.default_rng(local_seed + 1))
+  assemble_batch = make_assembler(spec, exp.updates_per_call, batch_size, np.random.default_rng(exp.local_seed + 1))
 
   if exp.deterministic:
-    buffer = SeededReplayBuffer(spec, seed=local_seed)
+    buffer = SeededReplayBuffer(spec, seed=exp.local_seed)
 
     def synchronous_batches():
       while True:
@@ -99,9 +98,7 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   mesh = sharding.make_mesh(exp.learner_devices)
   sharding.check_batch_size(agent_cfg.batch_size, mesh)
   threshold = exp.reward_threshold if exp.reward_threshold is not None else envs.reward_threshold(exp.env)
-  # Processes share the learner's seed but act on their own envs and replay.
-  local_seed = exp.seed + 100_003 * exp.process_id
-  env = envs.make_vector_env(exp.env, exp.num_envs, local_seed)
+  env = envs.make_vector_env(exp.env, exp.num_envs, exp.local_seed)
 
   run_dir = exp.run_dir or exp.default_run_dir()
   os.makedirs(run_dir, exist_ok=True)
