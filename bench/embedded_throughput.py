@@ -20,6 +20,7 @@ from jrl.actors.actor import Actor, LocalPolicy
 from jrl.actors.variables import VariableClient
 from jrl.agents import dqn
 from jrl.experiment.builder import example_transition
+from jrl.learners import sharding
 from jrl.learners.learner import Learner, make_multi_update
 from jrl.replay import reverb_replay
 from jrl.replay.adders import BlockWriter, NStepTransitionAdder
@@ -97,13 +98,14 @@ def bench_learner(args, cfg, updates_per_call: int):
 
   sampler = reverb_replay.ReverbItemSampler(address, num_items, block)
   shuffle = np.random.default_rng(1)
-  batches = PrefetchIterator(
-      lambda: (lambda p: p._replace(batch=jax.device_put(p.batch)))(
+  mesh = sharding.make_mesh(1)
+  batches = PrefetchIterator(  # as the runner does: sample, pool and deal, place sharded on the mesh
+      lambda: (lambda p: p._replace(batch=sharding.put_batch(p.batch, mesh)))(
           assemble(sampler.sample(), updates_per_call, cfg.batch_size, None, shuffle)), depth=args.prefetch)
-  learner = Learner(fns, jax.random.PRNGKey(0), batches)
+  learner = Learner(fns, jax.random.PRNGKey(0), batches, mesh=mesh)
   fed = _rate(learner.step, args.seconds, updates_per_call)
 
-  fixed = jax.device_put(next(batches).batch)
+  fixed = next(batches).batch
   update_many = jax.jit(make_multi_update(fns.update))
   state = [fns.init(jax.random.PRNGKey(0))]
 
