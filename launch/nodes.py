@@ -26,21 +26,20 @@ from jrl.actors.inference import BatchedInference, InferenceClient
 from jrl.actors.variables import VariableClient
 from jrl.errors import Stopped
 from jrl.experiment import plots
-from jrl.experiment.builder import (build_agent_parts, example_item, items_per_fetch, make_adder, make_assembler,
-                                    make_block_writer)
+from jrl.experiment.builder import (build_agent_parts, example_item, items_per_fetch, make_adder, make_block_writer,
+                                    success_threshold)
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.logging import MetricsLogger, Progress
-from jrl.experiment.runner import write_json
+from jrl.experiment.runner import reverb_batches, write_json
 from jrl.learners import sharding
 from jrl.learners.learner import Learner, params_digest
 from jrl.replay import reverb_replay
-from jrl.replay.batches import PrefetchIterator
 
 LOG_SECONDS = 1.0
 
 
 class Counter:
-  """Shared counts (summed with `increment`) and latest values (`set`)."""
+  """Shared counts, summed with `increment`."""
 
   def __init__(self):
     self._lock = threading.Lock()
@@ -52,25 +51,16 @@ class Counter:
         self._counts[key] = self._counts.get(key, 0.0) + float(value)
       return dict(self._counts)
 
-  def set(self, **values) -> Dict[str, float]:
-    with self._lock:
-      self._counts.update({k: float(v) for k, v in values.items()})
-      return dict(self._counts)
-
   def get_counts(self) -> Dict[str, float]:
     with self._lock:
       return dict(self._counts)
-
-
-def _items_per_call(exp: ExperimentConfig, agent_cfg, replay_spec) -> int:
-  return items_per_fetch(replay_spec, exp.updates_per_call, agent_cfg.batch_size)
 
 
 def make_replay_tables(exp: ExperimentConfig, agent_cfg):
   parts = build_agent_parts(exp.agent, exp.env, agent_cfg)
   signature = reverb_replay.item_signature(example_item(parts, agent_cfg))
   # Leeway for actors and learner running at their own pace: a few learner calls' worth.
-  error_buffer = 10 * _items_per_call(exp, agent_cfg, parts.replay_spec)
+  error_buffer = 10 * items_per_fetch(parts.replay_spec, exp.updates_per_call, agent_cfg.batch_size)
   return [reverb_replay.make_table(parts.replay_spec, signature, error_buffer)]
 
 
@@ -140,11 +130,8 @@ class LearnerNode:
     parts = build_agent_parts(exp.agent, exp.env, cfg)
     mesh = sharding.make_mesh(exp.learner_devices)
     spec = parts.replay_spec
-    sampler = reverb_replay.ReverbItemSampler(self._replay.server_address, _items_per_call(exp, cfg, spec),
-                                              example_item(parts, cfg))
-    assemble_batch = make_assembler(spec, exp.updates_per_call, cfg.batch_size, np.random.default_rng(exp.seed + 1))
-    batches = PrefetchIterator(lambda: (lambda p: p._replace(batch=sharding.put_batch(p.batch, mesh)))(
-        assemble_batch(sampler.sample())), depth=exp.prefetch, stop=lp.stop_event())
+    batches = reverb_batches(self._replay.server_address, parts, cfg, exp, cfg.batch_size, mesh,
+                             stop=lp.stop_event())
     updater = reverb_replay.ReverbPriorityUpdater(self._replay) if spec.prioritized else None
     self._learner = Learner(parts.agent.make_learner(parts.networks, cfg), jax.random.PRNGKey(exp.seed), batches,
                             updater, mesh=mesh)
@@ -175,7 +162,7 @@ class LearnerNode:
 
 
 class ActorNode:
-  """Steps `num_envs` envs and writes n-step transitions into replay."""
+  """Steps `num_envs` envs and writes the agent's replay items (transitions or trajectories)."""
 
   def __init__(self, actor_id: int, exp: ExperimentConfig, agent_cfg, replay, learner, counter,
                inference=None, run_dir: str = ""):
@@ -267,7 +254,7 @@ class EvaluatorNode:
     exit_soon_after_stop()
     exp, cfg = self._exp, self._cfg
     parts = build_agent_parts(exp.agent, exp.env, cfg)
-    threshold = exp.reward_threshold if exp.reward_threshold is not None else envs.reward_threshold(exp.env)
+    threshold = success_threshold(exp)
     evaluator = Evaluator(exp.env, parts.agent.make_policy(parts.networks, cfg, evaluation=True),
                           exp.eval_episodes, seed=exp.seed + 10_000)
     logger = MetricsLogger(self._run_dir, "evaluator")

@@ -1,6 +1,6 @@
 """The agent's pieces for an experiment, shared by the embedded runner and distributed nodes."""
 
-from typing import Any, Callable, Dict, NamedTuple
+from typing import Any, Callable, Dict, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +31,11 @@ def build_agent_parts(agent_name: str, env_id: str, agent_cfg) -> AgentParts:
   probe.close()
   networks = agent.make_networks(env_spec, agent_cfg)
   return AgentParts(agent, env_spec, networks, agent.make_replay_spec(agent_cfg))
+
+
+def success_threshold(exp) -> Optional[float]:
+  """The return that counts as solved: the experiment's own, else the env's gymnasium threshold."""
+  return exp.reward_threshold if exp.reward_threshold is not None else envs.reward_threshold(exp.env)
 
 
 def example_transition(spec: EnvSpec) -> Transition:

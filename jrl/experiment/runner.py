@@ -9,6 +9,7 @@ ratio Reverb's rate limiter enforces in distributed runs.
 import dataclasses
 import json
 import os
+import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional
 
@@ -21,7 +22,7 @@ from jrl.actors.evaluator import Evaluator
 from jrl.actors.variables import VariableClient
 from jrl.experiment import plots
 from jrl.experiment.builder import (build_agent_parts, example_item, items_per_fetch, make_adder, make_assembler,
-                                    make_block_writer)
+                                    make_block_writer, success_threshold)
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.logging import MetricsLogger, Progress, make_tensorboard
 from jrl.learners import distributed, sharding
@@ -41,9 +42,9 @@ class Replay(NamedTuple):
 def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: jax.sharding.Mesh) -> Replay:
   spec = parts.replay_spec
   num_items = items_per_fetch(spec, exp.updates_per_call, batch_size)
-  assemble_batch = make_assembler(spec, exp.updates_per_call, batch_size, np.random.default_rng(exp.local_seed + 1))
 
   if exp.deterministic:
+    assemble_batch = make_assembler(spec, exp.updates_per_call, batch_size, np.random.default_rng(exp.local_seed + 1))
     buffer = SeededReplayBuffer(spec, seed=exp.local_seed)
 
     def synchronous_batches():
@@ -62,13 +63,7 @@ def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: 
   address = f"localhost:{server.port}"
   client = reverb_replay.reverb.Client(address)
   writer = reverb_replay.ReverbItemWriter(client)
-  sampler = reverb_replay.ReverbItemSampler(address, num_items, example)
-
-  def produce() -> PreparedBatch:
-    prepared = assemble_batch(sampler.sample())
-    return prepared._replace(batch=sharding.put_batch(prepared.batch, mesh))
-
-  batches = PrefetchIterator(produce, depth=exp.prefetch)
+  batches = reverb_batches(address, parts, agent_cfg, exp, batch_size, mesh)
 
   def close():
     batches.close()
@@ -76,6 +71,24 @@ def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: 
     server.stop()
 
   return Replay(writer, batches, reverb_replay.ReverbPriorityUpdater(client), close, "reverb")
+
+
+def reverb_batches(address: str, parts, agent_cfg, exp: ExperimentConfig, batch_size: int,
+                   mesh: jax.sharding.Mesh, stop: Optional[threading.Event] = None) -> PrefetchIterator:
+  """Learner batches from a Reverb table, prepared on a background thread: sample the
+  items of one call, deal them into batches, place them sharded on `mesh`."""
+  from jrl.replay import reverb_replay
+
+  spec = parts.replay_spec
+  sampler = reverb_replay.ReverbItemSampler(address, items_per_fetch(spec, exp.updates_per_call, batch_size),
+                                            example_item(parts, agent_cfg))
+  assemble_batch = make_assembler(spec, exp.updates_per_call, batch_size, np.random.default_rng(exp.local_seed + 1))
+
+  def produce() -> PreparedBatch:
+    prepared = assemble_batch(sampler.sample())
+    return prepared._replace(batch=sharding.put_batch(prepared.batch, mesh))
+
+  return PrefetchIterator(produce, depth=exp.prefetch, stop=stop)
 
 
 def _json_default(value):
@@ -97,7 +110,7 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   agent, networks, replay_spec = parts.agent, parts.networks, parts.replay_spec
   mesh = sharding.make_mesh(exp.learner_devices)
   sharding.check_batch_size(agent_cfg.batch_size, mesh)
-  threshold = exp.reward_threshold if exp.reward_threshold is not None else envs.reward_threshold(exp.env)
+  threshold = success_threshold(exp)
   env = envs.make_vector_env(exp.env, exp.num_envs, exp.local_seed)
 
   run_dir = exp.run_dir or exp.default_run_dir()
