@@ -1,0 +1,75 @@
+"""Atomic file writes and the run directory's fixed layout.
+
+A file is written to a temporary sibling, flushed to disk and renamed over its
+destination, so a kill at any instant leaves the old or the new file, never a
+torn one.
+"""
+
+import dataclasses
+import json
+import os
+import tempfile
+from typing import Any, Dict
+
+from jrl.errors import ConfigError
+
+CONFIG_FILE = "config.json"
+SUMMARY_FILE = "summary.json"
+CHECKPOINTS_DIR = "checkpoints"
+POLICIES_DIR = "policies"
+
+
+def _json_default(value):
+  if isinstance(value, tuple):
+    return list(value)
+  if hasattr(value, "item"):  # numpy scalars
+    return value.item()
+  raise TypeError(f"not JSON serialisable: {value!r}")
+
+
+def fsync_dir(path: str) -> None:
+  fd = os.open(path, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def write_bytes_atomic(path: str, data: bytes) -> None:
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
+  fsync_dir(directory)
+
+
+def write_json(path: str, payload: Dict) -> None:
+  text = json.dumps(payload, indent=2, default=_json_default) + "\n"
+  write_bytes_atomic(path, text.encode())
+
+
+def read_json(path: str) -> Dict[str, Any]:
+  with open(path) as f:
+    return json.load(f)
+
+
+def config_payload(exp, agent_cfg) -> Dict[str, Any]:
+  return {"experiment": dataclasses.asdict(exp), "agent": dataclasses.asdict(agent_cfg)}
+
+
+def check_run_dir_target(run_dir: str) -> None:
+  """A new run may go into a missing or empty folder, never over a file or another run."""
+  if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+    raise ConfigError("run_dir", f"'{run_dir}' is an existing file, not a folder")
+  if os.path.isfile(os.path.join(run_dir, CONFIG_FILE)):
+    raise ConfigError("run_dir", f"'{run_dir}' already holds a run; continue it with --resume {run_dir} "
+                                 "or pick another folder")
