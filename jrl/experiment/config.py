@@ -29,6 +29,11 @@ class ExperimentConfig:
   reward_threshold: Optional[float] = None  # success threshold; None takes the env's gymnasium spec
   log_every: int = 1_000             # env steps between metric rows
   progress_seconds: float = 2.0      # seconds between progress lines; 0 silences them
+  # Checkpoints and resume.
+  resume: str = ""                   # run directory to continue from its latest checkpoint
+  checkpoint_every_seconds: float = 600.0  # wall seconds between checkpoints; 0 = not by time
+  checkpoint_every_steps: int = 0    # env steps between checkpoints; 0 = not by steps
+  keep_checkpoints: int = 3          # newest checkpoints kept on disk
   # Distributed (Launchpad) runs.
   distributed: bool = False          # run as a Launchpad program instead of one process
   num_actors: int = 4                # actor nodes, each stepping num_envs envs
@@ -37,6 +42,9 @@ class ExperimentConfig:
   inference_timeout_ms: float = 10.0  # longest a server waits for every actor to ask before answering
   variable_update_period: int = 10   # actor/server steps between parameter refreshes (distributed)
   lp_launch_type: str = "local_mp"   # Launchpad launch type: local_mp or local_mt
+  max_restarts: int = 3              # restarts allowed per actor, evaluator or inference node
+  restart_backoff_seconds: float = 1.0  # first wait before a restart; doubles with each restart of a node
+  service_deadline_seconds: float = 60.0  # how long actors retry a lost replay or inference server
   crash_learner_after: int = 0       # fault injection for tests: the learner raises after this many calls
 
   def __post_init__(self):
@@ -59,6 +67,13 @@ class ExperimentConfig:
       raise ConfigError("process_id", f"must be in [0, num_processes={self.num_processes}), got {self.process_id}")
     if self.num_processes > 1 and not self.coordinator_address:
       raise ConfigError("coordinator_address", "is required when num_processes > 1")
+    for name in ("checkpoint_every_seconds", "checkpoint_every_steps", "max_restarts", "restart_backoff_seconds"):
+      if getattr(self, name) < 0:
+        raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
+    if self.keep_checkpoints < 1:
+      raise ConfigError("keep_checkpoints", f"must be >= 1, got {self.keep_checkpoints}")
+    if self.service_deadline_seconds <= 0:
+      raise ConfigError("service_deadline_seconds", f"must be > 0, got {self.service_deadline_seconds}")
     if self.progress_seconds < 0:
       raise ConfigError("progress_seconds", f"must be >= 0, got {self.progress_seconds}")
 
