@@ -21,7 +21,7 @@ def reward_threshold(env_id: str) -> Optional[float]:
   return gym.spec(env_id).reward_threshold
 
 
-def make_vector_env(env_id: str, num_envs: int, seed: int) -> gym.vector.VectorEnv:
+def make_vector_env(env_id: str, num_envs: int, seed: int, **make_kwargs) -> gym.vector.VectorEnv:
   """A synchronous vector env that autoresets in the SAME step.
 
   gymnasium 1.x defaults to NEXT_STEP autoreset, where the step after an episode
@@ -29,11 +29,12 @@ def make_vector_env(env_id: str, num_envs: int, seed: int) -> gym.vector.VectorE
   it writes a bogus transition across every boundary. With SAME_STEP the step
   that ends an episode returns the reset observation and puts the true final
   observation in `info["final_obs"]`, which `final_observations` recovers.
-  The env is reset with `seed` (env i gets seed + i).
+  The env is reset with `seed` (env i gets seed + i). `make_kwargs` go to `gym.make_vec`
+  (e.g. `render_mode="rgb_array"`, `wrappers=[...]` applied to each env).
   """
   check_env_id(env_id)
   env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
-                     vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+                     vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, **make_kwargs)
   env.reset(seed=seed)
   env.action_space.seed(seed)
   return env
@@ -74,3 +75,9 @@ class EpisodeTracker:
     self._returns[ended] = 0.0
     self._lengths[ended] = 0
     return stats
+
+  def state(self):
+    return self._returns.copy(), self._lengths.copy()
+
+  def restore(self, state) -> None:
+    self._returns, self._lengths = (np.array(x) for x in state)

@@ -77,14 +77,14 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: Type, title: str, 
                          metavar=hint.__name__.upper(), help=f"{doc} (default {default})")
 
 
+def given_fields(cls: Type, args: argparse.Namespace) -> Dict[str, Any]:
+  """The fields of `cls` whose flags were given on the command line."""
+  return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if getattr(args, f.name, None) is not None}
+
+
 def build_config(cls: Type, args: argparse.Namespace) -> Any:
   """The dataclass with every flag that was given; validation errors name the field."""
-  overrides: Dict[str, Any] = {}
-  for field in dataclasses.fields(cls):
-    value = getattr(args, field.name, None)
-    if value is not None:
-      overrides[field.name] = value
-  return cls(**overrides)
+  return cls(**given_fields(cls, args))
 
 
 def fail(prog: str, error: ConfigError) -> NoReturn:

@@ -1,16 +1,19 @@
 """Train an agent.
 
   python -m launch.train --agent dqn --env CartPole-v1 --seed 0 --steps 50000 --run_dir DIR
+  python -m launch.train --resume DIR [--steps N]     # continue DIR from its newest checkpoint
 
 Every field of the experiment config and of the agent's config is a flag;
-`--agent NAME --help` lists that agent's fields.
+`--agent NAME --help` lists that agent's fields. A resumed run takes its config
+from DIR/config.json; flags may only change what can change mid-run (--steps,
+checkpoint and progress settings).
 """
 
 import argparse
 import sys
 from typing import Optional, Sequence
 
-from launch.cli import OneLineParser, add_dataclass_flags, build_config, fail
+from launch.cli import OneLineParser, add_dataclass_flags, build_config, fail, given_fields
 
 PROG = "python -m launch.train"
 
@@ -20,40 +23,53 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   from jrl.agents import AGENTS, get_agent
   from jrl.errors import ConfigError
   from jrl.experiment.config import ExperimentConfig
+  from jrl.experiment import resume
 
   pre = argparse.ArgumentParser(add_help=False)
-  pre.add_argument("--agent", default=ExperimentConfig.agent)
+  pre.add_argument("--agent", default=None)
+  pre.add_argument("--resume", default=None)
   known, _ = pre.parse_known_args(argv)
   try:
-    agent = get_agent(known.agent)
+    agent_name = known.agent or ExperimentConfig.agent
+    if known.resume:
+      saved_agent = resume.saved_config(known.resume)["experiment"]["agent"]
+      if known.agent and known.agent != saved_agent:
+        raise ConfigError("agent", f"cannot change when resuming: the run has '{saved_agent}', got '{known.agent}'")
+      agent_name = saved_agent
+    agent = get_agent(agent_name)
   except ConfigError as e:
     fail(PROG, e)
 
   parser = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   add_dataclass_flags(parser, ExperimentConfig, "experiment")
-  add_dataclass_flags(parser, agent.Config, f"agent '{known.agent}' (known agents: {', '.join(sorted(AGENTS))})")
+  add_dataclass_flags(parser, agent.Config, f"agent '{agent_name}' (known agents: {', '.join(sorted(AGENTS))})")
   args = parser.parse_args(argv)
 
   try:
-    exp = build_config(ExperimentConfig, args)
-    agent_cfg = build_config(agent.Config, args)
+    if known.resume:
+      exp, agent_cfg = resume.resumed_configs(known.resume, ExperimentConfig, agent.Config,
+                                              given_fields(ExperimentConfig, args), given_fields(agent.Config, args))
+    else:
+      exp = build_config(ExperimentConfig, args)
+      agent_cfg = build_config(agent.Config, args)
     from jrl.envs import check_env_id
     check_env_id(exp.env)
     if exp.distributed:
       from launch.distributed import run_distributed
-      summary = run_distributed(exp, agent_cfg)
+      try:
+        summary = run_distributed(exp, agent_cfg)
+      except RuntimeError as e:  # a node failed; the report names it and its error
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
       print(f"done: {summary['actor_steps']} env steps, eval {summary['eval_return']:.1f} "
             f"(best {summary['best_eval_return']:.1f}), steps to threshold {summary['steps_to_threshold']}, "
             f"inference batch mean {summary['inference_batch_mean']}, policy lag mean "
             f"{summary['policy_lag_mean']:.2f} | {summary['run_dir']}", flush=True)
     else:
       from jrl.experiment.runner import run
-      run(exp, agent_cfg)
+      run(exp, agent_cfg)  # unexpected errors keep their traceback
   except ConfigError as e:
     fail(PROG, e)
-  except RuntimeError as e:  # a node of a distributed run failed; its traceback was printed above
-    print(f"{PROG}: error: {e}", file=sys.stderr)
-    return 1
   except KeyboardInterrupt:
     print(f"{PROG}: interrupted", file=sys.stderr)
     return 130

@@ -5,7 +5,8 @@ jitted `select_action` in this process (IMPALA-style); a remote policy such as
 `jrl.actors.inference.InferenceClient` asks a central batched server (SEED-style).
 """
 
-from typing import Callable, Dict, Optional, Protocol
+import pickle
+from typing import Any, Callable, Dict, Optional, Protocol
 
 import gymnasium as gym
 import jax
@@ -40,6 +41,12 @@ class LocalPolicy:
     action, extras, self._state = self._select_action(self._variables.params, obs, self._state)
     self.extras = extras
     return np.asarray(action)
+
+  def state(self) -> Any:
+    return jax.device_get(self._state)
+
+  def restore(self, state: Any) -> None:
+    self._state = jax.device_put(state)
 
 
 class Actor:
@@ -78,3 +85,32 @@ class Actor:
     self._obs = next_obs
     self.env_steps += self.num_envs
     return self._tracker.update(reward, done)
+
+  def state(self) -> Dict[str, Any]:
+    """Everything needed to continue exactly from here: observations, episode
+    statistics, the adder's partial windows, the policy state and, where the
+    envs can be pickled, the envs themselves (classic control can; envs holding
+    simulators or windows may not)."""
+    try:
+      env_bytes = pickle.dumps(self._env.envs, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - any env that refuses pickling is restarted instead
+      env_bytes = None
+    policy_state = self.policy.state() if hasattr(self.policy, "state") else None
+    return {"obs": self._obs, "env_steps": self.env_steps, "tracker": self._tracker.state(),
+            "adder": pickle.dumps(self._adder), "envs": env_bytes, "policy": policy_state}
+
+  def restore(self, state: Dict[str, Any], reset_seed: int) -> bool:
+    """Continues from `state()`; returns False when the envs could not be restored and
+    were reset with `reset_seed` instead (episodes in progress are dropped)."""
+    self.env_steps = state["env_steps"]
+    if state["policy"] is not None and hasattr(self.policy, "restore"):
+      self.policy.restore(state["policy"])
+    if state["envs"] is not None:
+      self._env.envs = pickle.loads(state["envs"])
+      self._obs = state["obs"]
+      self._tracker.restore(state["tracker"])
+      self._adder = pickle.loads(state["adder"])
+      return True
+    obs, _ = self._env.reset(seed=reset_seed)
+    self._obs = np.asarray(obs, np.float32)
+    return False

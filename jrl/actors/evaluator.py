@@ -1,6 +1,6 @@
 """Evaluator: mean return of a policy over a fixed number of whole episodes."""
 
-from typing import List
+from typing import Any, Dict, List, Optional
 
 import jax
 import numpy as np
@@ -15,13 +15,23 @@ class Evaluator:
   Evaluation k resets the envs with seed `seed + 1000 * k`, so runs repeat exactly.
   """
 
-  def __init__(self, env_id: str, policy: PolicyFns, num_episodes: int, seed: int):
-    self._env = make_vector_env(env_id, num_episodes, seed)
+  def __init__(self, env_id: str, policy: PolicyFns, num_episodes: int, seed: int, first_index: int = 0,
+               env_kwargs: Optional[Dict[str, Any]] = None):
+    """`first_index` k: the first `run` is evaluation k (its env seeds and policy key), as if k
+    evaluations had run. `env_kwargs` go to `make_vector_env` (e.g. render_mode, wrappers)."""
+    self._env = make_vector_env(env_id, num_episodes, seed, **(env_kwargs or {}))
     self._select_action = jax.jit(policy.select_action)
     self._policy = policy
     self._seed = seed
     self._key = jax.random.PRNGKey(seed)
-    self._count = 0
+    for _ in range(first_index):  # the keys of evaluations 0 .. k-1
+      self._key, _ = jax.random.split(self._key)
+    self._count = first_index
+
+  @property
+  def next_index(self) -> int:
+    """The index k of the next evaluation (its envs reset with seed + 1000 * k)."""
+    return self._count
 
   def run(self, params: Params) -> List[float]:
     obs, _ = self._env.reset(seed=self._seed + 1000 * self._count)
@@ -37,6 +47,12 @@ class Evaluator:
       returns += reward * running
       running &= ~np.logical_or(terminated, truncated)
     return [float(r) for r in returns]
+
+  def state(self):
+    return {"count": self._count, "key": np.asarray(jax.device_get(self._key))}
+
+  def restore(self, state) -> None:
+    self._count, self._key = state["count"], jax.device_put(state["key"])
 
   def close(self):
     self._env.close()

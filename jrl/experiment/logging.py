@@ -1,4 +1,10 @@
-"""Metrics sinks: one CSV per role plus TensorBoard event files, and a progress line."""
+"""Metrics sinks: one CSV per role plus TensorBoard event files, and a progress line.
+
+Both sinks report their `position()` (bytes written so far); a resumed run
+truncates them back to the positions saved in its checkpoint, so rows written
+after that checkpoint by the killed process are neither lost nor duplicated:
+they are written again by the resumed run.
+"""
 
 import csv
 import os
@@ -9,21 +15,65 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 
+def truncate(path: str, size: int) -> None:
+  with open(path, "r+b") as f:
+    f.truncate(size)
+
+
+class TensorBoard:
+  """Scalars into `RUN_DIR/tensorboard/` event files; resumable at a saved position."""
+
+  def __init__(self, run_dir: str, resume_from: Optional[Dict[str, int]] = None):
+    self.logdir = os.path.join(run_dir, "tensorboard")
+    if resume_from is not None and os.path.isdir(self.logdir):
+      for name in os.listdir(self.logdir):
+        path = os.path.join(self.logdir, name)
+        if name in resume_from:
+          truncate(path, resume_from[name])
+        else:  # written after the checkpoint
+          os.unlink(path)
+    self._writer = EventFileWriter(self.logdir)
+    self._known = dict(resume_from or {})
+
+  def add_scalars(self, prefix: str, step: int, row: Dict[str, float], skip: str = "") -> None:
+    values = [summary_pb2.Summary.Value(tag=f"{prefix}/{k}", simple_value=float(v))
+              for k, v in row.items() if k != skip and isinstance(v, (int, float))]
+    self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=step,
+                                           summary=summary_pb2.Summary(value=values)))
+
+  def position(self) -> Dict[str, int]:
+    self._writer.flush()
+    name = os.path.basename(self._writer._file_name)  # pinned tensorboard: the file this writer appends to
+    return {**self._known, name: os.path.getsize(os.path.join(self.logdir, name))}
+
+  def close(self) -> None:
+    self._writer.close()
+
+
 class MetricsLogger:
   """Appends rows to `metrics/<role>.csv` and scalars to TensorBoard under `<role>/`.
 
   The CSV columns are fixed by the first row; later rows must carry the same keys.
+  `resume_from` (a `position()`) continues an existing file from that byte.
   """
 
-  def __init__(self, run_dir: str, role: str, tensorboard: Optional[EventFileWriter] = None,
-               step_key: str = "actor_steps"):
+  def __init__(self, run_dir: str, role: str, tensorboard: Optional[TensorBoard] = None,
+               step_key: str = "actor_steps", resume_from: Optional[int] = None):
     os.makedirs(os.path.join(run_dir, "metrics"), exist_ok=True)
     self.path = os.path.join(run_dir, "metrics", f"{role}.csv")
     self._role = role
     self._tb = tensorboard
     self._step_key = step_key
-    self._file = open(self.path, "w", newline="")
     self._writer: Optional[csv.DictWriter] = None
+    if resume_from and os.path.exists(self.path):
+      truncate(self.path, resume_from)
+      with open(self.path, newline="") as f:
+        header = next(csv.reader(f), None)
+      self._file = open(self.path, "a", newline="")
+      if header:
+        self._writer = csv.DictWriter(self._file, fieldnames=header)
+    else:
+      self._file = open(self.path, "w", newline="")
 
   def write(self, row: Dict[str, float]) -> None:
     if self._writer is None:
@@ -32,18 +82,14 @@ class MetricsLogger:
     self._writer.writerow(row)
     self._file.flush()
     if self._tb is not None:
-      step = int(row.get(self._step_key, 0))
-      values = [summary_pb2.Summary.Value(tag=f"{self._role}/{k}", simple_value=float(v))
-                for k, v in row.items() if k != self._step_key and isinstance(v, (int, float))]
-      self._tb.add_event(event_pb2.Event(wall_time=time.time(), step=step,
-                                         summary=summary_pb2.Summary(value=values)))
+      self._tb.add_scalars(self._role, int(row.get(self._step_key, 0)), row, skip=self._step_key)
+
+  def position(self) -> int:
+    self._file.flush()
+    return os.path.getsize(self.path)
 
   def close(self) -> None:
     self._file.close()
-
-
-def make_tensorboard(run_dir: str) -> EventFileWriter:
-  return EventFileWriter(os.path.join(run_dir, "tensorboard"))
 
 
 class Progress:

@@ -4,11 +4,17 @@ Replay is an in-process Reverb server, or with `deterministic` a seeded
 in-process buffer (same seed, same bytes). Learner calls are scheduled so that
 transitions sampled track `samples_per_insert` x transitions inserted, the
 ratio Reverb's rate limiter enforces in distributed runs.
+
+The run checkpoints periodically and at the end (see `jrl.experiment.checkpoint`)
+and continues from its newest checkpoint with `exp.resume`. A checkpoint is taken
+between loop iterations and holds the whole loop state, so a `deterministic`
+run that is resumed ends with the same bytes as one that was never stopped.
 """
 
-import dataclasses
-import json
 import os
+import pickle
+import shutil
+import tempfile
 import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional
@@ -20,15 +26,25 @@ from jrl import envs
 from jrl.actors.actor import Actor, LocalPolicy
 from jrl.actors.evaluator import Evaluator
 from jrl.actors.variables import VariableClient
+from jrl.errors import ConfigError
 from jrl.experiment import plots
+from jrl.experiment.bookkeeping import EvalHistory
 from jrl.experiment.builder import (build_agent_parts, example_item, items_per_fetch, make_adder, make_assembler,
                                     make_block_writer, success_threshold)
+from jrl.experiment.checkpoint import CheckpointInfo, Checkpointer, CheckpointSchedule
 from jrl.experiment.config import ExperimentConfig
-from jrl.experiment.logging import MetricsLogger, Progress, make_tensorboard
+from jrl.experiment.files import (CHECKPOINTS_DIR, CONFIG_FILE, SUMMARY_FILE, check_run_dir_target, config_payload,
+                                  write_json)
+from jrl.experiment.logging import MetricsLogger, Progress, TensorBoard
 from jrl.learners import distributed, sharding
 from jrl.learners.learner import Learner, params_digest
+from jrl.policies import save_policy
 from jrl.replay.batches import PrefetchIterator, PreparedBatch
 from jrl.replay.buffer import SeededReplayBuffer
+
+ROLES = ("actor", "learner", "evaluator")
+SEEDED_REPLAY_FILE = "seeded_buffer.pkl"
+REVERB_REPLAY_DIR = "reverb"
 
 
 class Replay(NamedTuple):
@@ -37,21 +53,38 @@ class Replay(NamedTuple):
   update_priorities: Callable[[Dict[int, float]], None]
   close: Callable[[], None]
   kind: str
+  save: Callable[[str], None]                  # writes the contents into a checkpoint folder
+  table_size: Callable[[], int]                # items in replay now
 
 
-def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: jax.sharding.Mesh) -> Replay:
+def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: jax.sharding.Mesh,
+                run_dir: str, restore_from: Optional[str] = None) -> Replay:
+  """The seeded buffer (`exp.deterministic`) or an in-process Reverb server; with
+  `restore_from` (a checkpoint's replay folder) it starts with the saved contents."""
   spec = parts.replay_spec
   num_items = items_per_fetch(spec, exp.updates_per_call, batch_size)
 
   if exp.deterministic:
-    assemble_batch = make_assembler(spec, exp.updates_per_call, batch_size, np.random.default_rng(exp.local_seed + 1))
+    rng = np.random.default_rng(exp.local_seed + 1)
+    assemble_batch = make_assembler(spec, exp.updates_per_call, batch_size, rng)
     buffer = SeededReplayBuffer(spec, seed=exp.local_seed)
+    if restore_from is not None:
+      with open(os.path.join(restore_from, SEEDED_REPLAY_FILE), "rb") as f:
+        saved = pickle.load(f)
+      buffer.restore(saved["buffer"])
+      rng.bit_generator.state = saved["assembler_rng"]
 
     def synchronous_batches():
       while True:
         yield assemble_batch(buffer.sample(num_items))
 
-    return Replay(buffer, synchronous_batches(), buffer.update_priorities, lambda: None, "seeded")
+    def save(folder: str) -> None:
+      with open(os.path.join(folder, SEEDED_REPLAY_FILE), "wb") as f:
+        pickle.dump({"buffer": buffer.state(), "assembler_rng": rng.bit_generator.state}, f,
+                    protocol=pickle.HIGHEST_PROTOCOL)
+
+    return Replay(buffer, synchronous_batches(), buffer.update_priorities, lambda: None, "seeded", save,
+                  lambda: buffer.size)
 
   from jrl.replay import reverb_replay  # the only path that loads reverb and TensorFlow
 
@@ -59,18 +92,29 @@ def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: 
   signature = reverb_replay.item_signature(example)
   # Leeway for the batches prepared ahead plus the samples the dataset keeps in flight.
   error_buffer = (exp.prefetch + 4) * num_items
-  server = reverb_replay.start_server([reverb_replay.make_table(spec, signature, error_buffer)])
+  # Reverb writes its checkpoints here; each is then moved into the run's checkpoint.
+  os.makedirs(os.path.join(run_dir, CHECKPOINTS_DIR), exist_ok=True)
+  scratch = tempfile.mkdtemp(prefix=".reverb-", dir=os.path.join(run_dir, CHECKPOINTS_DIR))
+  fallback = os.path.join(restore_from, REVERB_REPLAY_DIR) if restore_from is not None else None
+  server = reverb_replay.start_server([reverb_replay.make_table(spec, signature, error_buffer)],
+                                      checkpoint_dir=scratch, restore_from=fallback)
   address = f"localhost:{server.port}"
   client = reverb_replay.reverb.Client(address)
   writer = reverb_replay.ReverbItemWriter(client)
   batches = reverb_batches(address, parts, agent_cfg, exp, batch_size, mesh)
 
+  def save(folder: str) -> None:
+    writer.flush()
+    shutil.move(client.checkpoint(), os.path.join(folder, REVERB_REPLAY_DIR))
+
   def close():
     batches.close()
     writer.close()
     server.stop()
+    shutil.rmtree(scratch, ignore_errors=True)
 
-  return Replay(writer, batches, reverb_replay.ReverbPriorityUpdater(client), close, "reverb")
+  return Replay(writer, batches, reverb_replay.ReverbPriorityUpdater(client), close, "reverb", save,
+                lambda: int(client.server_info()[reverb_replay.TABLE].current_size))
 
 
 def reverb_batches(address: str, parts, agent_cfg, exp: ExperimentConfig, batch_size: int,
@@ -91,16 +135,47 @@ def reverb_batches(address: str, parts, agent_cfg, exp: ExperimentConfig, batch_
   return PrefetchIterator(produce, depth=exp.prefetch, stop=stop)
 
 
-def _json_default(value):
-  if isinstance(value, tuple):
-    return list(value)
-  raise TypeError(f"not JSON serialisable: {value!r}")
+class LoopState:
+  """The runner's own bookkeeping between iterations (everything else lives in the shells)."""
+
+  def __init__(self, exp: ExperimentConfig, threshold: Optional[float]):
+    self.episodes_total = 0
+    self.recent_returns: List[float] = []
+    self.recent_lengths: List[int] = []
+    self.history = EvalHistory(threshold)
+    self.learner_metrics: Dict[str, float] = {}
+    self.next_log, self.next_eval = exp.log_every, exp.eval_every
+    self.last_eval_steps = -1
+    self.wall_before = 0.0         # wall seconds of earlier sessions of this run
+    self.lost_sequences = 0        # queued trajectories a resumed Reverb run never got back
+    self.sessions = 0              # times this run was resumed
+
+  def state(self) -> Dict[str, Any]:
+    return {**{k: v for k, v in vars(self).items() if k != "history"}, "history": self.history.state()}
+
+  def restore(self, state: Dict[str, Any]) -> None:
+    for key, value in state.items():
+      setattr(self, key, EvalHistory.from_state(value) if key == "history" else value)
 
 
-def write_json(path: str, payload: Dict) -> None:
-  with open(path, "w") as f:
-    json.dump(payload, f, indent=2, default=_json_default)
-    f.write("\n")
+def prepare_run_dir(exp: ExperimentConfig, agent_cfg) -> str:
+  """The run directory: created and given config.json for a new run; checked for a resumed one."""
+  if exp.resume:
+    return exp.resume
+  run_dir = exp.run_dir or exp.default_run_dir()
+  check_run_dir_target(run_dir)
+  os.makedirs(run_dir, exist_ok=True)
+  write_json(os.path.join(run_dir, CONFIG_FILE), config_payload(exp, agent_cfg))
+  return run_dir
+
+
+def latest_checkpoint(run_dir: str, exp: ExperimentConfig) -> CheckpointInfo:
+  """The newest checkpoint of a run that is resumed; ConfigError if there is none or it is damaged."""
+  checkpointer = Checkpointer(run_dir, exp.keep_checkpoints)
+  info = checkpointer.latest()
+  if info is None:
+    raise ConfigError("resume", f"'{run_dir}' has no checkpoint to resume from")
+  return info
 
 
 def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
@@ -111,107 +186,149 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   mesh = sharding.make_mesh(exp.learner_devices)
   sharding.check_batch_size(agent_cfg.batch_size, mesh)
   threshold = success_threshold(exp)
+  resume_info = latest_checkpoint(exp.resume, exp) if exp.resume else None
+  saved: Optional[Dict[str, Any]] = Checkpointer.read_run_state(resume_info) if resume_info else None
+  if saved is not None and saved["actor"]["env_steps"] >= exp.steps:
+    raise ConfigError("steps", f"the run already has {saved['actor']['env_steps']} env steps; "
+                               f"raise --steps above that to extend it")
+  run_dir = prepare_run_dir(exp, agent_cfg)
+  checkpointer = Checkpointer(run_dir, exp.keep_checkpoints)
+  checkpointer.clean_partial()
   env = envs.make_vector_env(exp.env, exp.num_envs, exp.local_seed)
-
-  run_dir = exp.run_dir or exp.default_run_dir()
-  os.makedirs(run_dir, exist_ok=True)
-  write_json(os.path.join(run_dir, "config.json"),
-             {"experiment": dataclasses.asdict(exp), "agent": dataclasses.asdict(agent_cfg)})
 
   learner_key, actor_key, _ = jax.random.split(jax.random.PRNGKey(exp.seed), 3)
   actor_key = jax.random.fold_in(actor_key, exp.process_id)
   # Each process feeds its own slice of the global batch from its own replay.
   local_batch_size = agent_cfg.batch_size // jax.process_count()
-  replay = make_replay(parts, agent_cfg, exp, local_batch_size, mesh)
+  replay = make_replay(parts, agent_cfg, exp, local_batch_size, mesh, run_dir,
+                       restore_from=Checkpointer.replay_dir(resume_info) if resume_info else None)
   learner = Learner(agent.make_learner(networks, agent_cfg), learner_key, replay.batches,
                     replay.update_priorities if replay_spec.prioritized else None, mesh=mesh)
   block_writer = make_block_writer(replay_spec, replay.writer)
   adder = make_adder(replay_spec, exp.num_envs, agent_cfg)
-  actor = Actor(env, LocalPolicy(agent.make_policy(networks, agent_cfg), VariableClient(learner), actor_key),
+  variables = VariableClient(learner)
+  actor = Actor(env, LocalPolicy(agent.make_policy(networks, agent_cfg), variables, actor_key),
                 adder=adder, sink=block_writer.add)
+  evaluator_seed = exp.seed + 10_000
   evaluator = Evaluator(exp.env, agent.make_policy(networks, agent_cfg, evaluation=True),
-                        exp.eval_episodes, seed=exp.seed + 10_000)
+                        exp.eval_episodes, seed=evaluator_seed)
+  loop = LoopState(exp, threshold)
 
-  tb = make_tensorboard(run_dir)
-  loggers = {role: MetricsLogger(run_dir, role, tb) for role in ("actor", "learner", "evaluator")}
+  positions: Dict[str, Any] = {}
+  if saved is not None:
+    loop.restore(saved["loop"])
+    loop.sessions += 1
+    learner.restore(Checkpointer.restore_learner(resume_info, learner.state), saved["learner_steps"],
+                    saved["learner_version"])
+    variables.update()  # the actor acts with the restored parameters
+    if not actor.restore(saved["actor"], reset_seed=exp.local_seed + 7_919 * loop.sessions):
+      print(f"[resume] {exp.env} envs cannot be saved; they restart with fresh episodes", flush=True)
+    block_writer.restore(saved["block_writer"])
+    evaluator.restore(saved["evaluator"])
+    positions = saved["positions"]
+    if replay_spec.sequences and replay.kind == "reverb":
+      # Trajectories the sampler had taken from the queue but not yet trained on are gone.
+      expected = block_writer.transitions_written - loop.lost_sequences - learner.version * local_batch_size
+      loop.lost_sequences += max(0, expected - replay.table_size())
+
+  tb = TensorBoard(run_dir, resume_from=positions.get("tensorboard") if saved is not None else None)
+  loggers = {role: MetricsLogger(run_dir, role, tb, resume_from=positions.get(role)) for role in ROLES}
   progress = Progress(f"{exp.agent} {exp.env} s{exp.seed}", exp.progress_seconds)
   samples_per_call = exp.updates_per_call * local_batch_size
+  schedule = CheckpointSchedule(exp.checkpoint_every_steps, exp.checkpoint_every_seconds, actor.env_steps)
 
   def calls_owed(written: int) -> int:
     """Learner calls due once `written` rows are in replay: one per batch of sequences
     (on-policy), or enough to keep transitions sampled at samples_per_insert x inserted."""
     if replay_spec.sequences:
-      return written // local_batch_size
+      return (written - loop.lost_sequences) // local_batch_size
     if written < replay_spec.min_size:
       return 0
     return int((written - replay_spec.min_size) * replay_spec.samples_per_insert // samples_per_call) + 1
 
   start = time.monotonic()
-  episodes_total = 0
-  recent_returns: List[float] = []
-  recent_lengths: List[int] = []
-  eval_history: List[float] = []
-  steps_to_threshold: Optional[int] = None
-  learner_metrics: Dict[str, float] = {}
-  next_log, next_eval = exp.log_every, exp.eval_every
-  last_log = (start, 0, 0)  # time, actor steps, learner steps
+  elapsed = lambda: loop.wall_before + time.monotonic() - start
+  last_log = (start, actor.env_steps, learner.steps)  # time, actor steps, learner steps
 
-  last_eval_steps = -1
+  def snapshot_info(**extra) -> Dict[str, Any]:
+    return {"actor_steps": actor.env_steps, "learner_steps": learner.steps, **extra}
 
   def evaluate():
-    nonlocal steps_to_threshold, last_eval_steps
-    last_eval_steps = actor.env_steps
-    returns = evaluator.run(learner.get_variables()[0])
-    mean_return = float(np.mean(returns))
-    eval_history.append(mean_return)
-    if steps_to_threshold is None and threshold is not None and mean_return >= threshold:
-      steps_to_threshold = actor.env_steps
+    loop.last_eval_steps = actor.env_steps
+    eval_index = evaluator.state()["count"]
+    params = learner.get_variables()[0]
+    row = loop.history.record(actor.env_steps, evaluator.run(params))
     loggers["evaluator"].write({"actor_steps": actor.env_steps, "learner_steps": learner.steps,
-                                "eval_return": mean_return, "eval_return_std": float(np.std(returns)),
-                                "eval_return_min": float(np.min(returns)),
-                                "eval_return_max": float(np.max(returns)),
-                                "wall_seconds": time.monotonic() - start})
+                                **{k: v for k, v in row.items() if k != "is_best"},
+                                "wall_seconds": elapsed()})
+    if row["is_best"]:
+      save_policy(run_dir, "best", params, snapshot_info(eval_return=row["eval_return"], eval_index=eval_index,
+                                                         eval_seed=evaluator_seed,
+                                                         eval_episodes=exp.eval_episodes))
+
+  def save_checkpoint():
+    params = learner.get_variables()[0]
+    loop_state = loop.state()
+    loop_state["wall_before"] = elapsed()
+    run_state = {
+        "actor": actor.state(), "block_writer": block_writer.state(), "evaluator": evaluator.state(),
+        "learner_steps": learner.steps, "learner_version": learner.version, "loop": loop_state,
+        "positions": {"tensorboard": tb.position(), **{role: log.position() for role, log in loggers.items()}},
+    }
+    counters = {"actor_steps": actor.env_steps, "learner_steps": learner.steps, "episodes": loop.episodes_total,
+                "evaluations": loop.history.count}
+    checkpointer.save(learner.state, run_state, counters, write_replay=replay.save)
+    save_policy(run_dir, "latest", params, snapshot_info())
+    schedule.done(actor.env_steps)
 
   try:
     while actor.env_steps < exp.steps:
       stats = actor.step()
-      episodes_total += len(stats.returns)
-      recent_returns += stats.returns
-      recent_lengths += stats.lengths
+      loop.episodes_total += len(stats.returns)
+      loop.recent_returns += stats.returns
+      loop.recent_lengths += stats.lengths
 
       while learner.version < calls_owed(block_writer.transitions_written):
-        learner_metrics = learner.step()
+        loop.learner_metrics = learner.step()
 
-      if actor.env_steps >= next_eval:
-        next_eval += exp.eval_every
+      if actor.env_steps >= loop.next_eval:
+        loop.next_eval += exp.eval_every
         evaluate()
-        if exp.stop_at_threshold and steps_to_threshold is not None:
+        if exp.stop_at_threshold and loop.history.reached:
           break
 
-      if actor.env_steps >= next_log:
-        next_log += exp.log_every
+      if actor.env_steps >= loop.next_log:
+        loop.next_log += exp.log_every
         now = time.monotonic()
         dt = max(now - last_log[0], 1e-9)
         actor_sps = (actor.env_steps - last_log[1]) / dt
         updates_ps = (learner.steps - last_log[2]) / dt
         last_log = (now, actor.env_steps, learner.steps)
-        loggers["actor"].write({"actor_steps": actor.env_steps, "episodes": episodes_total,
-                                "episode_return": float(np.mean(recent_returns)) if recent_returns else float("nan"),
-                                "episode_length": float(np.mean(recent_lengths)) if recent_lengths else float("nan"),
-                                "steps_per_second": actor_sps, "wall_seconds": now - start})
-        if learner_metrics:
+        returns, lengths = loop.recent_returns, loop.recent_lengths
+        loggers["actor"].write({"actor_steps": actor.env_steps, "episodes": loop.episodes_total,
+                                "episode_return": float(np.mean(returns)) if returns else float("nan"),
+                                "episode_length": float(np.mean(lengths)) if lengths else float("nan"),
+                                "steps_per_second": actor_sps, "wall_seconds": elapsed()})
+        if loop.learner_metrics:
           loggers["learner"].write({"actor_steps": actor.env_steps, "learner_steps": learner.steps,
-                                    **learner_metrics, "updates_per_second": updates_ps,
-                                    "wall_seconds": now - start})
-        episode_text = f"{np.mean(recent_returns):.1f}" if recent_returns else "-"
-        eval_text = f"{eval_history[-1]:.1f} (best {max(eval_history):.1f})" if eval_history else "-"
+                                    **loop.learner_metrics, "updates_per_second": updates_ps,
+                                    "wall_seconds": elapsed()})
+        history = loop.history.returns
+        episode_text = f"{np.mean(returns):.1f}" if returns else "-"
+        eval_text = f"{history[-1]:.1f} (best {max(history):.1f})" if history else "-"
         progress.maybe_print(f"steps {actor.env_steps}/{exp.steps} | {actor_sps:.0f} steps/s | "
                              f"updates {learner.steps} ({updates_ps:.0f}/s) | episode return {episode_text} | "
                              f"eval {eval_text}")
-        recent_returns, recent_lengths = [], []
+        loop.recent_returns, loop.recent_lengths = [], []
 
-    if last_eval_steps != actor.env_steps:  # always finish on an evaluation of the final parameters
+      if schedule.due(actor.env_steps) and actor.env_steps < exp.steps:  # the last one follows the loop
+        save_checkpoint()
+
+    if loop.last_eval_steps != actor.env_steps:  # always finish on an evaluation of the final parameters
       evaluate()
+    save_checkpoint()
+    final_params = learner.get_variables()[0]
+    save_policy(run_dir, "final", final_params, snapshot_info(eval_return=loop.history.returns[-1]))
   finally:
     replay.close()
     evaluator.close()
@@ -220,20 +337,19 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
       logger.close()
     tb.close()
 
-  wall = time.monotonic() - start
+  wall = elapsed()
   summary = {
       "agent": exp.agent, "env": exp.env, "seed": exp.seed, "replay": replay.kind,
-      "actor_steps": actor.env_steps, "learner_steps": learner.steps,
-      "wall_seconds": round(wall, 3),
-      "eval_return": eval_history[-1], "best_eval_return": max(eval_history),
-      "reward_threshold": threshold, "steps_to_threshold": steps_to_threshold,
+      "actor_steps": actor.env_steps, "learner_steps": learner.steps, "episodes": loop.episodes_total,
+      "wall_seconds": round(wall, 3), **loop.history.summary(),
       "learner_devices": int(mesh.devices.size), "learner_processes": jax.process_count(),
-      "params_digest": params_digest(learner.get_variables()[0]),
+      "resumed": saved is not None, "checkpoints": [os.path.basename(p) for p in checkpointer.all()],
+      "params_digest": params_digest(final_params),
   }
-  write_json(os.path.join(run_dir, "summary.json"), summary)
+  write_json(os.path.join(run_dir, SUMMARY_FILE), summary)
   plots.plot_learning_curve(run_dir, f"{exp.agent} on {exp.env}, seed {exp.seed}", threshold)
   progress.maybe_print(f"done: {actor.env_steps} steps in {wall:.1f}s | eval {summary['eval_return']:.1f} "
-                       f"(best {summary['best_eval_return']:.1f}) | steps to threshold {steps_to_threshold} | "
-                       f"{run_dir}", force=True)
+                       f"(best {summary['best_eval_return']:.1f}) | steps to threshold "
+                       f"{summary['steps_to_threshold']} | {run_dir}", force=True)
   summary["run_dir"] = run_dir
   return summary

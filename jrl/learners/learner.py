@@ -56,6 +56,12 @@ class Learner:
   def state(self):
     return self._state
 
+  def restore(self, state, steps: int, version: int) -> None:
+    """Continues from a saved training state (placed replicated on this learner's mesh)."""
+    self._state = jax.device_put(state, sharding.replicated(self.mesh))
+    self.steps, self.version = steps, version
+    self._served = (-1, None)
+
   def step(self) -> Dict[str, float]:
     prepared = next(self._batches)
     self._state, metrics = self._update_many(self._state, sharding.put_batch(prepared.batch, self.mesh))

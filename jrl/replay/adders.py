@@ -155,3 +155,10 @@ class BlockWriter:
     rest = _rows(staged, slice(used, None))
     self._staged = [rest] if _num_rows(rest) else []
     self._num_staged -= used
+
+  def state(self) -> Dict[str, Any]:
+    return {"staged": self._staged, "num_staged": self._num_staged, "written": self.transitions_written}
+
+  def restore(self, state: Dict[str, Any]) -> None:
+    self._staged, self._num_staged = list(state["staged"]), state["num_staged"]
+    self.transitions_written = state["written"]

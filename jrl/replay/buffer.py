@@ -80,6 +80,13 @@ class SeededReplayBuffer:
     data = jax.tree_util.tree_map(lambda store: store[keys % self._capacity], self._storage)
     return SampledItems(keys.astype(np.uint64), np.ones(num_items), available, data)
 
+  def state(self) -> Dict[str, Any]:
+    """Contents, counters and the sampling RNG: a restored buffer samples what this one would."""
+    return {k: v for k, v in vars(self).items() if k != "_spec"}
+
+  def restore(self, state: Dict[str, Any]) -> None:
+    vars(self).update(state)
+
   def update_priorities(self, priorities: Dict[int, float]) -> None:
     oldest = self._inserted - self.size
     for key, priority in priorities.items():

@@ -52,9 +52,17 @@ def make_table(spec: ReplaySpec, signature, error_buffer_items: float, name: str
                       max_size=spec.max_items, rate_limiter=limiter, signature=signature)
 
 
-def start_server(tables, port: Optional[int] = None) -> reverb.Server:
-  """An in-process Reverb server; the OS picks the port when `port` is None."""
-  return reverb.Server(tables=list(tables), port=port)
+def start_server(tables, port: Optional[int] = None, checkpoint_dir: Optional[str] = None,
+                 restore_from: Optional[str] = None) -> reverb.Server:
+  """An in-process Reverb server; the OS picks the port when `port` is None.
+
+  `checkpoint_dir` is where `Client.checkpoint()` writes; `restore_from` is a
+  checkpoint (one of those folders) whose contents the tables start with.
+  """
+  checkpointer = None
+  if checkpoint_dir is not None:
+    checkpointer = reverb.checkpointers.DefaultCheckpointer(checkpoint_dir, fallback_checkpoint_path=restore_from)
+  return reverb.Server(tables=list(tables), port=port, checkpointer=checkpointer)
 
 
 class ReverbItemWriter:

@@ -1,0 +1,49 @@
+"""Run bookkeeping shared by every form of a run: the evaluation history and the
+success-threshold rule (`jrl.experiment.builder.success_threshold` gives the threshold)."""
+
+import dataclasses
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class EvalHistory:
+  """Mean return of every evaluation, the best one, and when the threshold was first reached."""
+  threshold: Optional[float]
+  returns: List[float] = dataclasses.field(default_factory=list)
+  actor_steps: List[int] = dataclasses.field(default_factory=list)
+  steps_to_threshold: Optional[int] = None
+
+  def record(self, actor_steps: int, episode_returns) -> Dict[str, float]:
+    """Adds one evaluation; returns its metric row (`is_best` tells whether it is the new best)."""
+    mean = float(np.mean(episode_returns))
+    is_best = not self.returns or mean > max(self.returns)
+    self.returns.append(mean)
+    self.actor_steps.append(int(actor_steps))
+    if self.steps_to_threshold is None and self.threshold is not None and mean >= self.threshold:
+      self.steps_to_threshold = int(actor_steps)
+    return {"eval_return": mean, "eval_return_std": float(np.std(episode_returns)),
+            "eval_return_min": float(np.min(episode_returns)), "eval_return_max": float(np.max(episode_returns)),
+            "is_best": float(is_best)}
+
+  @property
+  def reached(self) -> bool:
+    return self.steps_to_threshold is not None
+
+  @property
+  def count(self) -> int:
+    return len(self.returns)
+
+  def summary(self) -> Dict[str, Any]:
+    return {"eval_return": self.returns[-1] if self.returns else None,
+            "best_eval_return": max(self.returns) if self.returns else None,
+            "evaluations": self.count,
+            "reward_threshold": self.threshold, "steps_to_threshold": self.steps_to_threshold}
+
+  def state(self) -> Dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_state(cls, state: Dict[str, Any]) -> "EvalHistory":
+    return cls(**state)

@@ -1,0 +1,203 @@
+"""Checkpoints of a run: learner state (orbax), run state and replay contents.
+
+Layout of one checkpoint, `RUN_DIR/checkpoints/ckpt-<index>/`:
+
+  learner/        the learner's training state, orbax StandardCheckpointer
+  run_state.pkl   counters, evaluation history, actor/env/adder state, RNGs
+  replay/         replay contents (the seeded buffer's pickle, or Reverb's own checkpoint)
+  manifest.json   size and sha256 of every file above, and the counters
+
+A checkpoint is written into `checkpoints/.staging-<index>/` and renamed into
+place once complete (a directory rename is atomic), so a kill at any instant
+leaves the previous checkpoints intact and no torn one under a `ckpt-` name.
+Old checkpoints are first renamed away, then deleted, for the same reason.
+Restoring verifies the manifest, so a damaged checkpoint is named, not loaded.
+"""
+
+import hashlib
+import os
+import pickle
+import re
+import shutil
+import time
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
+
+from jrl.errors import ConfigError
+from jrl.experiment.files import CHECKPOINTS_DIR, fsync_dir, read_json, write_json
+
+FORMAT = 1
+_NAME = re.compile(r"^ckpt-(\d+)$")
+MANIFEST = "manifest.json"
+RUN_STATE = "run_state.pkl"
+LEARNER = "learner"
+REPLAY = "replay"
+
+
+class CheckpointInfo(NamedTuple):
+  path: str
+  index: int
+  manifest: Dict[str, Any]
+
+
+def _sha256(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+      digest.update(chunk)
+  return digest.hexdigest()
+
+
+def _files_under(root: str) -> List[str]:
+  found = []
+  for directory, _, names in os.walk(root):
+    for name in names:
+      found.append(os.path.relpath(os.path.join(directory, name), root))
+  return sorted(found)
+
+
+def _orbax():
+  import orbax.checkpoint as ocp  # ~3 s to import: only runs that checkpoint pay it
+  return ocp
+
+
+class Checkpointer:
+  """Writes, lists, verifies and restores the checkpoints of one run directory."""
+
+  def __init__(self, run_dir: str, keep: int = 3):
+    self.root = os.path.join(run_dir, CHECKPOINTS_DIR)
+    self._keep = keep
+
+  def _indices(self) -> List[int]:
+    if not os.path.isdir(self.root):
+      return []
+    return sorted(int(m.group(1)) for m in map(_NAME.match, os.listdir(self.root)) if m)
+
+  def _path(self, index: int) -> str:
+    return os.path.join(self.root, f"ckpt-{index:06d}")
+
+  def save(self, learner_state: Any, run_state: Dict[str, Any], counters: Dict[str, Any],
+           write_replay: Optional[Callable[[str], None]] = None) -> str:
+    """Writes one checkpoint and prunes old ones; returns its path.
+
+    `write_replay(folder)` stores the replay contents in `folder`; `counters`
+    (env steps, learner steps, ...) go into the manifest for people and checks.
+    """
+    os.makedirs(self.root, exist_ok=True)
+    indices = self._indices()
+    index = indices[-1] + 1 if indices else 1
+    staging = os.path.join(self.root, f".staging-{index:06d}")
+    if os.path.exists(staging):
+      shutil.rmtree(staging)
+    os.makedirs(staging)
+    start = time.monotonic()
+    if learner_state is not None:
+      checkpointer = _orbax().StandardCheckpointer()
+      checkpointer.save(os.path.join(staging, LEARNER), learner_state)
+      checkpointer.wait_until_finished()
+      checkpointer.close()
+    with open(os.path.join(staging, RUN_STATE), "wb") as f:
+      pickle.dump(run_state, f, protocol=pickle.HIGHEST_PROTOCOL)
+    if write_replay is not None:
+      os.makedirs(os.path.join(staging, REPLAY))
+      write_replay(os.path.join(staging, REPLAY))
+    files = {}
+    for rel in _files_under(staging):
+      full = os.path.join(staging, rel)
+      with open(full, "rb+") as f:
+        os.fsync(f.fileno())
+      files[rel] = {"size": os.path.getsize(full), "sha256": _sha256(full)}
+    write_json(os.path.join(staging, MANIFEST), {
+        "format": FORMAT, "index": index, "counters": dict(counters), "created": time.time(),
+        "write_seconds": round(time.monotonic() - start, 4), "files": files})
+    final = self._path(index)
+    os.rename(staging, final)
+    fsync_dir(self.root)
+    self._prune()
+    return final
+
+  def _prune(self) -> None:
+    for index in self._indices()[:-self._keep]:
+      doomed = os.path.join(self.root, f".deleting-{index:06d}")
+      os.rename(self._path(index), doomed)
+      shutil.rmtree(doomed, ignore_errors=True)
+
+  def clean_partial(self) -> None:
+    """Removes what a killed writer or pruner left (never a committed checkpoint)."""
+    if not os.path.isdir(self.root):
+      return
+    for name in os.listdir(self.root):
+      if name.startswith((".staging-", ".deleting-")):
+        shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+
+  def all(self) -> List[str]:
+    return [self._path(i) for i in self._indices()]
+
+  def latest(self) -> Optional[CheckpointInfo]:
+    """The newest checkpoint, verified; None if the run has none."""
+    indices = self._indices()
+    if not indices:
+      return None
+    return self.verify(self._path(indices[-1]))
+
+  def verify(self, path: str) -> CheckpointInfo:
+    """Checks every file against the manifest; ConfigError('resume', ...) naming the damage."""
+    name = os.path.relpath(path)
+    manifest_path = os.path.join(path, MANIFEST)
+    try:
+      manifest = read_json(manifest_path)
+    except (OSError, ValueError) as e:
+      raise ConfigError("resume", f"checkpoint {name} is damaged: unreadable {MANIFEST} ({e.__class__.__name__})")
+    if manifest.get("format") != FORMAT:
+      raise ConfigError("resume", f"checkpoint {name} has format {manifest.get('format')}, expected {FORMAT}")
+    for rel, expected in manifest["files"].items():
+      full = os.path.join(path, rel)
+      if not os.path.isfile(full):
+        raise ConfigError("resume", f"checkpoint {name} is damaged: {rel} is missing")
+      size = os.path.getsize(full)
+      if size != expected["size"]:
+        raise ConfigError("resume", f"checkpoint {name} is damaged: {rel} has {size} bytes, "
+                                    f"{expected['size']} were written (truncated?)")
+      if _sha256(full) != expected["sha256"]:
+        raise ConfigError("resume", f"checkpoint {name} is damaged: {rel} does not match its checksum")
+    return CheckpointInfo(path, int(manifest["index"]), manifest)
+
+  @staticmethod
+  def restore_learner(info: CheckpointInfo, template: Any) -> Any:
+    """The learner state, restored with the structure, shapes and dtypes of `template`."""
+    import jax
+    ocp = _orbax()
+    abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, template)
+    checkpointer = ocp.StandardCheckpointer()
+    try:
+      return checkpointer.restore(os.path.join(info.path, LEARNER), abstract)
+    finally:
+      checkpointer.close()
+
+  @staticmethod
+  def read_run_state(info: CheckpointInfo) -> Dict[str, Any]:
+    with open(os.path.join(info.path, RUN_STATE), "rb") as f:
+      return pickle.load(f)
+
+  @staticmethod
+  def replay_dir(info: CheckpointInfo) -> str:
+    return os.path.join(info.path, REPLAY)
+
+
+class CheckpointSchedule:
+  """When to checkpoint: every `every_steps` env steps and every `every_seconds` of wall time
+  (0 disables either)."""
+
+  def __init__(self, every_steps: int, every_seconds: float, steps: int = 0):
+    self._every_steps, self._every_seconds = every_steps, every_seconds
+    self._next_steps = (steps // every_steps + 1) * every_steps if every_steps else None
+    self._last_time = time.monotonic()
+
+  def due(self, steps: int) -> bool:
+    by_steps = self._next_steps is not None and steps >= self._next_steps
+    by_time = self._every_seconds > 0 and time.monotonic() - self._last_time >= self._every_seconds
+    return by_steps or by_time
+
+  def done(self, steps: int) -> None:
+    if self._every_steps:
+      self._next_steps = (steps // self._every_steps + 1) * self._every_steps
+    self._last_time = time.monotonic()
