@@ -15,3 +15,10 @@ class ConfigError(ValueError):
 
 class Stopped(Exception):
   """The surrounding program asked this component to stop; not a failure."""
+
+
+class RunDirError(ConfigError):
+  """A run directory, or a file in it, that cannot be used: missing, not a run, a missing or
+  corrupt policy snapshot. The message names the path, e.g.
+  "run_dir: 'runs/x' is not a run directory (no config.json)".
+  """

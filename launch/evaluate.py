@@ -1,0 +1,104 @@
+"""Evaluate a saved policy of a run.
+
+  python -m launch.evaluate RUN_DIR [--which best|final|latest] [--episodes N] [--seed S] [--video FILE.mp4]
+
+Rebuilds the agent from RUN_DIR/config.json, loads RUN_DIR/policies/<which>.msgpack and
+prints the mean ± std return of the greedy policy over N episodes, one per env.
+By default the episodes are those of the snapshot's own evaluation in the run (the
+run's eval_episodes, the evaluator seed and evaluation index its .json records), so
+`--which best` repeats the run's best evaluation exactly. `--seed S` runs other
+episodes: env i resets with seed S + i. `--video` also writes those episodes, one
+after another, to an H.264 MP4.
+"""
+
+import argparse
+import os
+import sys
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+from launch.cli import OneLineParser, fail
+
+PROG = "python -m launch.evaluate"
+EVAL_SEED_OFFSET = 10_000  # a run's evaluator is seeded exp.seed + 10_000
+
+
+def evaluation_seed(exp, info: Dict[str, Any]) -> Tuple[int, int]:
+  """(evaluator seed, evaluation index) of the snapshot's evaluation in the run; without a
+  record, the run's first evaluation."""
+  if "eval_seed" in info:
+    return int(info["eval_seed"]), int(info.get("eval_index", 0))
+  return exp.seed + EVAL_SEED_OFFSET, 0
+
+
+def _format(value) -> str:
+  return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _check_video_path(path: str) -> None:
+  from jrl.errors import ConfigError
+  if not path.lower().endswith(".mp4"):
+    raise ConfigError("video", f"must name an .mp4 file, got '{path}'")
+  if os.path.isdir(path):
+    raise ConfigError("video", f"'{path}' is a folder")
+  directory = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(directory):
+    raise ConfigError("video", f"folder '{directory}' does not exist")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  parser = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holds config.json and policies/)")
+  parser.add_argument("--which", default="best", choices=("best", "final", "latest"),
+                      help="the policy snapshot (default best)")
+  parser.add_argument("--episodes", type=int, default=None, help="episodes (default: the run's eval_episodes)")
+  parser.add_argument("--seed", type=int, default=None,
+                      help="env i resets with seed + i (default: the snapshot's evaluation in the run)")
+  parser.add_argument("--video", metavar="FILE.mp4", default=None, help="also write the episodes to an MP4")
+  args = parser.parse_args(argv)
+
+  import numpy as np
+  from jrl.actors.evaluator import Evaluator
+  from jrl.errors import ConfigError
+  from jrl.policies import load_snapshot
+
+  try:
+    if args.episodes is not None and args.episodes <= 0:
+      raise ConfigError("episodes", f"must be > 0, got {args.episodes}")
+    if args.video is not None:
+      _check_video_path(args.video)
+    snapshot = load_snapshot(args.run_dir, args.which)
+    exp, parts = snapshot.experiment, snapshot.parts
+    if args.video is not None:
+      from jrl.video import check_renders
+      check_renders(exp.env)
+  except ConfigError as e:
+    fail(PROG, e)
+
+  episodes = args.episodes or int(snapshot.info.get("eval_episodes", exp.eval_episodes))
+  seed, index = evaluation_seed(exp, snapshot.info) if args.seed is None else (args.seed, 0)
+  policy = parts.agent.make_policy(parts.networks, snapshot.agent_config, evaluation=True)
+  evaluator = Evaluator(exp.env, policy, episodes, seed, first_index=index)
+  try:
+    returns = evaluator.run(snapshot.params)
+  finally:
+    evaluator.close()
+
+  info = ", ".join(f"{k} {_format(v)}" for k, v in snapshot.info.items())
+  print(f"{args.which} policy of {args.run_dir}: {info}")
+  first = seed + 1000 * index
+  print(f"return {np.mean(returns):.3f} ± {np.std(returns):.3f} over {episodes} episodes "
+        f"({exp.env}, seed {seed}, evaluation {index}: envs reset with seeds {first}..{first + episodes - 1})",
+        flush=True)
+
+  if args.video is not None:
+    from jrl.video import record_episodes
+    video = record_episodes(args.video, exp.env, policy, snapshot.params, episodes, seed, index)
+    print(f"video: {args.video} ({episodes} episodes, returns {', '.join(f'{r:g}' for r in video.returns)}; "
+          f"{video.frames} frames {video.width}x{video.height} at {video.fps} fps, "
+          f"{video.bytes / 1e6:.2f} MB, {video.seconds:.1f} s)")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
