@@ -12,17 +12,15 @@ Loading rebuilds the agent from the run's own `config.json`:
   actions = policy(observations)            # [B, *obs_shape] -> [B, *action_shape], numpy
 """
 
-import dataclasses
 import json
 import os
-import typing
 from typing import Any, Dict, List, NamedTuple, Tuple
 
 import numpy as np
 from flax import serialization
 
-from jrl.errors import ConfigError, RunDirError
-from jrl.experiment.files import CONFIG_FILE, POLICIES_DIR, read_json, write_bytes_atomic, write_json
+from jrl.errors import RunDirError
+from jrl.experiment.files import POLICIES_DIR, read_json, write_bytes_atomic, write_json
 
 SNAPSHOTS = ("best", "final", "latest")
 
@@ -49,55 +47,13 @@ def read_policy_info(run_dir: str, which: str) -> Dict[str, Any]:
 
 # Loading.
 
-def _is_tuple_hint(hint) -> bool:
-  if typing.get_origin(hint) is typing.Union:  # Optional[Tuple[...]]
-    return any(_is_tuple_hint(arg) for arg in typing.get_args(hint))
-  return hint is tuple or typing.get_origin(hint) is tuple
-
-
-def config_from_dict(cls, values: Any, source: str):
-  """The dataclass `cls` from its `dataclasses.asdict` JSON form (lists back to tuples);
-  RunDirError naming `source` for unknown fields or invalid values."""
-  if not isinstance(values, dict):
-    raise RunDirError("run_dir", f"{source} is not a JSON object")
-  hints = typing.get_type_hints(cls)
-  unknown = sorted(set(values) - set(hints))
-  if unknown:
-    raise RunDirError("run_dir", f"{source} has unknown fields {', '.join(unknown)} (written by another jrl version?)")
-  kwargs = {k: tuple(v) if isinstance(v, list) and _is_tuple_hint(hints[k]) else v for k, v in values.items()}
-  try:
-    return cls(**kwargs)
-  except (ConfigError, TypeError, ValueError) as e:
-    raise RunDirError("run_dir", f"{source} is invalid: {e}") from e
-
-
 def load_config(run_dir: str) -> Tuple[Any, Any]:
   """(ExperimentConfig, the agent's Config) of a run, from its config.json.
 
   RunDirError when run_dir is missing, is not a run (no config.json) or the file is broken.
   """
-  from jrl.agents import get_agent
-  from jrl.experiment.config import ExperimentConfig
-
-  if not os.path.exists(run_dir):
-    raise RunDirError("run_dir", f"'{run_dir}' does not exist")
-  if not os.path.isdir(run_dir):
-    raise RunDirError("run_dir", f"'{run_dir}' is a file, not a run directory")
-  path = os.path.join(run_dir, CONFIG_FILE)
-  if not os.path.isfile(path):
-    raise RunDirError("run_dir", f"'{run_dir}' is not a run directory (no {CONFIG_FILE})")
-  try:
-    payload = read_json(path)
-  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise RunDirError("run_dir", f"'{path}' is not readable JSON ({e})") from e
-  if not isinstance(payload, dict) or not {"experiment", "agent"} <= set(payload):
-    raise RunDirError("run_dir", f"'{path}' lacks the 'experiment' and 'agent' sections")
-  exp = config_from_dict(ExperimentConfig, payload["experiment"], f"'{path}' (experiment)")
-  try:
-    agent = get_agent(exp.agent)
-  except ConfigError as e:
-    raise RunDirError("run_dir", f"'{path}': {e}") from e
-  return exp, config_from_dict(agent.Config, payload["agent"], f"'{path}' (agent '{exp.agent}')")
+  from jrl.experiment.resume import load_configs
+  return load_configs(run_dir, field="run_dir")
 
 
 def saved_snapshots(run_dir: str) -> List[str]:

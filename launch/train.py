@@ -32,7 +32,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   try:
     agent_name = known.agent or ExperimentConfig.agent
     if known.resume:
-      saved_agent = resume.saved_config(known.resume)["experiment"]["agent"]
+      saved_agent = resume.saved_config(known.resume, "resume")["experiment"].get("agent")
       if known.agent and known.agent != saved_agent:
         raise ConfigError("agent", f"cannot change when resuming: the run has '{saved_agent}', got '{known.agent}'")
       agent_name = saved_agent
@@ -47,8 +47,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
   try:
     if known.resume:
-      exp, agent_cfg = resume.resumed_configs(known.resume, ExperimentConfig, agent.Config,
-                                              given_fields(ExperimentConfig, args), given_fields(agent.Config, args))
+      exp, agent_cfg = resume.resumed_configs(known.resume, given_fields(ExperimentConfig, args),
+                                              given_fields(agent.Config, args))
     else:
       exp = build_config(ExperimentConfig, args)
       agent_cfg = build_config(agent.Config, args)

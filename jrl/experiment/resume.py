@@ -6,8 +6,8 @@ import os
 import typing
 from typing import Any, Dict, Tuple, Type
 
-from jrl.errors import ConfigError
-from jrl.experiment.files import CONFIG_FILE
+from jrl.errors import ConfigError, RunDirError
+from jrl.experiment.files import CONFIG_FILE, read_json
 
 # Experiment fields a resumed run may set anew; every other field, and every agent
 # field, must equal the saved value (it would change the run's meaning mid-way).
@@ -19,42 +19,66 @@ CHANGEABLE_ON_RESUME = frozenset({
 })
 
 
-def saved_config(run_dir: str, field: str = "resume") -> Dict[str, Dict[str, Any]]:
-  """`config.json` of a run directory as {"experiment": {...}, "agent": {...}}; a
-  ConfigError naming `field` if the folder is missing or holds no run."""
+def _is_tuple_hint(hint) -> bool:
+  if typing.get_origin(hint) is typing.Union:  # Optional[Tuple[...]]
+    return any(_is_tuple_hint(arg) for arg in typing.get_args(hint))
+  return hint is tuple or typing.get_origin(hint) is tuple
+
+
+def config_from_dict(cls: Type, values: Any, source: str, field: str = "run_dir") -> Any:
+  """The dataclass `cls` from its `dataclasses.asdict` JSON form (lists back to tuples);
+  RunDirError naming `field` and `source` for unknown fields or invalid values."""
+  if not isinstance(values, dict):
+    raise RunDirError(field, f"{source} is not a JSON object")
+  hints = typing.get_type_hints(cls)
+  unknown = sorted(set(values) - set(hints))
+  if unknown:
+    raise RunDirError(field, f"{source} has unknown fields {', '.join(unknown)} (written by another jrl version?)")
+  kwargs = {k: tuple(v) if isinstance(v, list) and _is_tuple_hint(hints[k]) else v for k, v in values.items()}
+  try:
+    return cls(**kwargs)
+  except (ConfigError, TypeError, ValueError) as e:
+    raise RunDirError(field, f"{source} is invalid: {e}") from e
+
+
+def saved_config(run_dir: str, field: str = "run_dir") -> Dict[str, Dict[str, Any]]:
+  """`config.json` of a run directory as {"experiment": {...}, "agent": {...}}; RunDirError
+  naming `field` when the folder is missing, is not a run or the file is broken."""
+  if not os.path.exists(run_dir):
+    raise RunDirError(field, f"'{run_dir}' does not exist")
   if not os.path.isdir(run_dir):
-    raise ConfigError(field, f"'{run_dir}' is not a folder")
+    raise RunDirError(field, f"'{run_dir}' is a file, not a run directory")
   path = os.path.join(run_dir, CONFIG_FILE)
   if not os.path.isfile(path):
-    raise ConfigError(field, f"'{run_dir}' is not a run directory (no {CONFIG_FILE})")
+    raise RunDirError(field, f"'{run_dir}' is not a run directory (no {CONFIG_FILE})")
   try:
-    with open(path) as f:
-      payload = json.load(f)
-    return {"experiment": dict(payload["experiment"]), "agent": dict(payload["agent"])}
-  except (ValueError, KeyError, TypeError) as e:
-    raise ConfigError(field, f"'{path}' is not a readable run config ({e.__class__.__name__}: {e})")
+    payload = read_json(path)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise RunDirError(field, f"'{path}' is not readable JSON ({e})") from e
+  if not isinstance(payload, dict) or not {"experiment", "agent"} <= set(payload):
+    raise RunDirError(field, f"'{path}' lacks the 'experiment' and 'agent' sections")
+  return payload
 
 
-def from_saved(cls: Type, saved: Dict[str, Any]) -> Any:
-  """The dataclass from its JSON form (lists back to tuples)."""
-  hints = typing.get_type_hints(cls)
-  values = {}
-  for field in dataclasses.fields(cls):
-    if field.name in saved:
-      value = saved[field.name]
-      if typing.get_origin(hints[field.name]) is tuple and isinstance(value, list):
-        value = tuple(value)
-      values[field.name] = value
-  return cls(**values)
+def load_configs(run_dir: str, field: str = "run_dir") -> Tuple[Any, Any]:
+  """(ExperimentConfig, the agent's Config) of a run, from its config.json."""
+  from jrl.agents import get_agent
+  from jrl.experiment.config import ExperimentConfig
+
+  payload = saved_config(run_dir, field)
+  path = os.path.join(run_dir, CONFIG_FILE)
+  exp = config_from_dict(ExperimentConfig, payload["experiment"], f"'{path}' (experiment)", field)
+  try:
+    agent = get_agent(exp.agent)
+  except ConfigError as e:
+    raise RunDirError(field, f"'{path}': {e}") from e
+  return exp, config_from_dict(agent.Config, payload["agent"], f"'{path}' (agent '{exp.agent}')", field)
 
 
-def resumed_configs(run_dir: str, exp_cls: Type, agent_cls: Type, exp_overrides: Dict[str, Any],
-                    agent_overrides: Dict[str, Any]) -> Tuple[Any, Any]:
+def resumed_configs(run_dir: str, exp_overrides: Dict[str, Any], agent_overrides: Dict[str, Any]) -> Tuple[Any, Any]:
   """The saved configs with the given overrides; a ConfigError names any override
   of a field that cannot change mid-run."""
-  saved = saved_config(run_dir)
-  exp = from_saved(exp_cls, saved["experiment"])
-  agent_cfg = from_saved(agent_cls, saved["agent"])
+  exp, agent_cfg = load_configs(run_dir, field="resume")
   for name, value in exp_overrides.items():
     if name not in CHANGEABLE_ON_RESUME and getattr(exp, name) != value:
       raise ConfigError(name, f"cannot change when resuming: the run has {getattr(exp, name)!r}, got {value!r}")

@@ -31,7 +31,7 @@ from jrl.experiment import plots
 from jrl.experiment.bookkeeping import EvalHistory
 from jrl.experiment.builder import (build_agent_parts, example_item, items_per_fetch, make_adder, make_assembler,
                                     make_block_writer, success_threshold)
-from jrl.experiment.checkpoint import CheckpointInfo, Checkpointer, CheckpointSchedule
+from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import (CHECKPOINTS_DIR, CONFIG_FILE, SUMMARY_FILE, check_run_dir_target, config_payload,
                                   write_json)
@@ -146,6 +146,7 @@ class LoopState:
     self.learner_metrics: Dict[str, float] = {}
     self.next_log, self.next_eval = exp.log_every, exp.eval_every
     self.last_eval_steps = -1
+    self.last_eval: Dict[str, Any] = {}  # which evaluation saw the newest params: seed, index, return
     self.wall_before = 0.0         # wall seconds of earlier sessions of this run
     self.lost_sequences = 0        # queued trajectories a resumed Reverb run never got back
     self.sessions = 0              # times this run was resumed
@@ -169,15 +170,6 @@ def prepare_run_dir(exp: ExperimentConfig, agent_cfg) -> str:
   return run_dir
 
 
-def latest_checkpoint(run_dir: str, exp: ExperimentConfig) -> CheckpointInfo:
-  """The newest checkpoint of a run that is resumed; ConfigError if there is none or it is damaged."""
-  checkpointer = Checkpointer(run_dir, exp.keep_checkpoints)
-  info = checkpointer.latest()
-  if info is None:
-    raise ConfigError("resume", f"'{run_dir}' has no checkpoint to resume from")
-  return info
-
-
 def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   """Trains `exp.agent` on `exp.env` for `exp.steps` env steps; returns the summary."""
   distributed.initialize(exp.coordinator_address, exp.num_processes, exp.process_id)
@@ -186,7 +178,9 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   mesh = sharding.make_mesh(exp.learner_devices)
   sharding.check_batch_size(agent_cfg.batch_size, mesh)
   threshold = success_threshold(exp)
-  resume_info = latest_checkpoint(exp.resume, exp) if exp.resume else None
+  resume_info = Checkpointer(exp.resume).latest() if exp.resume else None
+  if exp.resume and resume_info is None:
+    print(f"[resume] {exp.resume} has no checkpoint yet: the run starts over", flush=True)
   saved: Optional[Dict[str, Any]] = Checkpointer.read_run_state(resume_info) if resume_info else None
   if saved is not None and saved["actor"]["env_steps"] >= exp.steps:
     raise ConfigError("steps", f"the run already has {saved['actor']['env_steps']} env steps; "
@@ -231,7 +225,8 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
       expected = block_writer.transitions_written - loop.lost_sequences - learner.version * local_batch_size
       loop.lost_sequences += max(0, expected - replay.table_size())
 
-  tb = TensorBoard(run_dir, resume_from=positions.get("tensorboard") if saved is not None else None)
+  # A resumed run drops what was logged after its checkpoint (everything, without one).
+  tb = TensorBoard(run_dir, resume_from=positions.get("tensorboard", {}) if exp.resume else None)
   loggers = {role: MetricsLogger(run_dir, role, tb, resume_from=positions.get(role)) for role in ROLES}
   progress = Progress(f"{exp.agent} {exp.env} s{exp.seed}", exp.progress_seconds)
   samples_per_call = exp.updates_per_call * local_batch_size
@@ -261,10 +256,10 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
     loggers["evaluator"].write({"actor_steps": actor.env_steps, "learner_steps": learner.steps,
                                 **{k: v for k, v in row.items() if k != "is_best"},
                                 "wall_seconds": elapsed()})
+    loop.last_eval = {"eval_return": row["eval_return"], "eval_index": eval_index, "eval_seed": evaluator_seed,
+                      "eval_episodes": exp.eval_episodes}
     if row["is_best"]:
-      save_policy(run_dir, "best", params, snapshot_info(eval_return=row["eval_return"], eval_index=eval_index,
-                                                         eval_seed=evaluator_seed,
-                                                         eval_episodes=exp.eval_episodes))
+      save_policy(run_dir, "best", params, snapshot_info(**loop.last_eval))
 
   def save_checkpoint():
     params = learner.get_variables()[0]
@@ -328,7 +323,7 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
       evaluate()
     save_checkpoint()
     final_params = learner.get_variables()[0]
-    save_policy(run_dir, "final", final_params, snapshot_info(eval_return=loop.history.returns[-1]))
+    save_policy(run_dir, "final", final_params, snapshot_info(**loop.last_eval))
   finally:
     replay.close()
     evaluator.close()

@@ -1,0 +1,221 @@
+"""Checkpoints and --resume: atomic writes, damage detection, SIGKILL at random instants,
+bit-exact resume of deterministic runs, and one-line errors for bad resume input."""
+
+import csv
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from jrl.agents import dqn
+from jrl.errors import ConfigError
+from jrl.experiment.builder import build_agent_parts
+from jrl.experiment.checkpoint import Checkpointer
+from jrl.experiment.config import ExperimentConfig
+from jrl.experiment.runner import run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIME_COLUMNS = ("wall_seconds", "steps_per_second", "updates_per_second")
+SMALL = ["--eval_every", "1000", "--eval_episodes", "3", "--min_replay_size", "500", "--hidden_sizes", "32,32",
+         "--progress_seconds", "0"]
+
+
+def _launch(args):
+  return subprocess.Popen([sys.executable, "-m", "launch.train", *args], cwd=ROOT, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _wait_for(predicate, proc, timeout=300.0, poll=0.002):
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if predicate():
+      return True
+    if proc.poll() is not None:
+      return False
+    time.sleep(poll)
+  raise TimeoutError("condition not reached")
+
+
+def _checkpoint_counters(run_dir):
+  return [Checkpointer(run_dir).verify(path).manifest["counters"] for path in Checkpointer(run_dir).all()]
+
+
+def _metric_rows(run_dir):
+  rows = {}
+  for role in ("actor", "learner", "evaluator"):
+    with open(os.path.join(run_dir, "metrics", f"{role}.csv")) as f:
+      rows[role] = [{k: v for k, v in row.items() if k not in TIME_COLUMNS} for row in csv.DictReader(f)]
+  return rows
+
+
+def _tree_digest(tree):
+  digest = hashlib.sha256()
+  for leaf in jax.tree_util.tree_leaves(tree):
+    digest.update(np.asarray(leaf).tobytes())
+  return digest.hexdigest()
+
+
+def test_checkpointer_is_atomic_verified_and_keeps_the_last_k(tmp_path):
+  cfg = dqn.Config(hidden_sizes=(8,))
+  parts = build_agent_parts("dqn", "CartPole-v1", cfg)
+  learner = dqn.make_learner(parts.networks, cfg)
+  states = [learner.init(jax.random.PRNGKey(i)) for i in range(4)]
+  checkpointer = Checkpointer(str(tmp_path), keep=2)
+  for i, state in enumerate(states):
+    checkpointer.save(state, {"i": i}, {"actor_steps": 100 * i},
+                      write_replay=lambda folder, i=i: open(os.path.join(folder, "r.bin"), "wb").write(bytes([i]) * 64))
+  assert [os.path.basename(p) for p in checkpointer.all()] == ["ckpt-000003", "ckpt-000004"]
+  latest = checkpointer.latest()
+  restored = Checkpointer.restore_learner(latest, states[0])
+  assert _tree_digest(restored) == _tree_digest(states[3]) != _tree_digest(states[2])
+  assert type(restored) is type(states[3])
+  assert Checkpointer.read_run_state(latest) == {"i": 3}
+  assert latest.manifest["counters"]["actor_steps"] == 300
+
+  # A writer killed mid-way leaves only a staging folder: not a checkpoint, cleaned on start.
+  os.makedirs(os.path.join(checkpointer.root, ".staging-000005", "learner"))
+  assert checkpointer.latest().path == latest.path
+  checkpointer.clean_partial()
+  assert sorted(os.listdir(checkpointer.root)) == ["ckpt-000003", "ckpt-000004"]
+
+  # Damage is named: a truncated replay file, then a changed byte in the run state.
+  replay_file = os.path.join(latest.path, "replay", "r.bin")
+  with open(replay_file, "r+b") as f:
+    f.truncate(10)
+  with pytest.raises(ConfigError, match=r"resume: checkpoint .*ckpt-000004 is damaged: replay/r.bin has 10 bytes, "
+                                        r"64 were written \(truncated\?\)"):
+    checkpointer.latest()
+  older = checkpointer.all()[0]
+  with open(os.path.join(older, "run_state.pkl"), "r+b") as f:
+    f.seek(5)
+    byte = f.read(1)
+    f.seek(5)
+    f.write(bytes([byte[0] ^ 0xFF]))
+  with pytest.raises(ConfigError, match="run_state.pkl does not match its checksum"):
+    checkpointer.verify(older)
+
+
+def test_deterministic_run_killed_and_resumed_equals_the_uninterrupted_run(tmp_path):
+  steps = 8_000
+  reference = run(ExperimentConfig(seed=3, steps=steps, deterministic=True, eval_every=1_000, eval_episodes=3,
+                                   progress_seconds=0, run_dir=str(tmp_path / "reference")),
+                  dqn.Config(min_replay_size=500, hidden_sizes=(32, 32)))
+
+  run_dir = str(tmp_path / "killed")
+  args = ["--seed", "3", "--steps", str(steps), "--deterministic", "--checkpoint_every_steps", "1000", *SMALL]
+  proc = _launch([*args, "--run_dir", run_dir])
+  # Kill once a checkpoint past a third of the budget exists, while the run goes on.
+  reached = _wait_for(lambda: os.path.isdir(os.path.join(run_dir, "checkpoints")) and any(
+      c["actor_steps"] >= steps // 3 for c in _checkpoint_counters(run_dir)), proc, poll=0.01)
+  assert reached and proc.poll() is None, "the run ended before it could be killed"
+  proc.send_signal(signal.SIGKILL)
+  proc.communicate()
+  killed_at = max(c["actor_steps"] for c in _checkpoint_counters(run_dir))
+  assert killed_at < steps and not os.path.exists(os.path.join(run_dir, "summary.json"))
+
+  resumed = subprocess.run([sys.executable, "-m", "launch.train", "--resume", run_dir], cwd=ROOT, text=True,
+                           capture_output=True, timeout=600)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  summary = json.load(open(os.path.join(run_dir, "summary.json")))
+  assert summary["resumed"] and summary["actor_steps"] == reference["actor_steps"]
+  assert summary["params_digest"] == reference["params_digest"]
+  assert _metric_rows(run_dir) == _metric_rows(reference["run_dir"])
+
+
+def test_reverb_run_survives_sigkill_at_random_instants_and_reaches_the_threshold(tmp_path):
+  """Five SIGKILLs, alternately while a checkpoint is being written and at a random
+  moment after one was committed; after each, every checkpoint left restores and the
+  counters never went back. The last session finishes the budget; DQN still solves CartPole."""
+  rng = np.random.default_rng(0)
+  run_dir = str(tmp_path / "survivor")
+  checkpoints = os.path.join(run_dir, "checkpoints")
+  base = ["--seed", "0", "--steps", "50000", "--checkpoint_every_steps", "2500", "--progress_seconds", "0"]
+  cfg = dqn.Config()
+  template = dqn.make_learner(build_agent_parts("dqn", "CartPole-v1", cfg).networks, cfg).init(jax.random.PRNGKey(0))
+  history = []
+  for kill in range(5):
+    proc = _launch(["--run_dir", run_dir, *base] if kill == 0 else ["--resume", run_dir])
+    known = set(os.listdir(checkpoints)) if os.path.isdir(checkpoints) else set()
+    listing = lambda: os.listdir(checkpoints) if os.path.isdir(checkpoints) else []
+    if kill % 2 == 0:  # during a write: a staging folder exists
+      hit = _wait_for(lambda: any(n.startswith(".staging-") for n in listing()), proc)
+    else:  # between writes: a random moment after a new checkpoint was committed
+      hit = _wait_for(lambda: any(n.startswith("ckpt-") and n not in known for n in listing()), proc, poll=0.01)
+      time.sleep(rng.uniform(0.0, 2.0))
+    assert hit and proc.poll() is None, f"session {kill} ended before its kill: {proc.communicate()[1][-2000:]}"
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    for path in Checkpointer(run_dir).all():  # every checkpoint on disk restores
+      info = Checkpointer(run_dir).verify(path)
+      Checkpointer.restore_learner(info, template)
+      assert Checkpointer.read_run_state(info)["actor"]["env_steps"] == info.manifest["counters"]["actor_steps"]
+    latest = Checkpointer(run_dir).latest()
+    if latest is not None:
+      history.append(latest.manifest["counters"])
+  for before, after in zip(history, history[1:]):
+    assert after["actor_steps"] >= before["actor_steps"] and after["learner_steps"] >= before["learner_steps"]
+  assert history and history[-1]["actor_steps"] > 0
+
+  final = subprocess.run([sys.executable, "-m", "launch.train", "--resume", run_dir], cwd=ROOT, text=True,
+                         capture_output=True, timeout=900)
+  assert final.returncode == 0, final.stderr[-3000:]
+  summary = json.load(open(os.path.join(run_dir, "summary.json")))
+  assert summary["actor_steps"] >= 50_000 and summary["learner_steps"] >= history[-1]["learner_steps"]
+  assert summary["steps_to_threshold"] is not None and summary["best_eval_return"] >= 475.0, summary
+  steps = [float(r["actor_steps"]) for r in csv.DictReader(open(os.path.join(run_dir, "metrics", "actor.csv")))]
+  assert steps == sorted(set(steps)), "metric rows repeated or went back across resumes"
+
+
+def _files_snapshot(folder):
+  snapshot = {}
+  for directory, _, names in os.walk(folder):
+    for name in names:
+      path = os.path.join(directory, name)
+      snapshot[path] = (os.path.getsize(path), os.path.getmtime(path))
+  return snapshot
+
+
+def test_bad_resume_and_run_dir_input_is_one_line_and_changes_nothing(tmp_path):
+  run_dir = str(tmp_path / "done")
+  finished = subprocess.run([sys.executable, "-m", "launch.train", "--steps", "2000", "--deterministic",
+                             "--run_dir", run_dir, *SMALL], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert finished.returncode == 0, finished.stderr
+  a_file = tmp_path / "a_file"
+  a_file.write_text("not a folder")
+  (tmp_path / "empty").mkdir()
+  damaged = str(tmp_path / "damaged")
+  subprocess.run(["cp", "-r", run_dir, damaged], check=True)
+  latest = Checkpointer(damaged).latest()
+  with open(os.path.join(latest.path, "run_state.pkl"), "r+b") as f:
+    f.truncate(100)
+  cases = {
+      "missing": (["--resume", str(tmp_path / "nope")], "resume: '{}' does not exist".format(tmp_path / "nope")),
+      "not a run": (["--resume", str(tmp_path / "empty")],
+                    "resume: '{}' is not a run directory (no config.json)".format(tmp_path / "empty")),
+      "damaged": (["--resume", damaged, "--steps", "4000"], "is damaged: run_state.pkl has 100 bytes"),
+      "other agent": (["--resume", run_dir, "--agent", "ppo"],
+                      "agent: cannot change when resuming: the run has 'dqn', got 'ppo'"),
+      "other env": (["--resume", run_dir, "--env", "Acrobot-v1"],
+                    "env: cannot change when resuming: the run has 'CartPole-v1', got 'Acrobot-v1'"),
+      "fixed field": (["--resume", run_dir, "--learning_rate", "0.1"], "learning_rate: cannot change when resuming"),
+      "finished": (["--resume", run_dir], "steps: the run already has 2000 env steps"),
+      "run_dir is a file": (["--run_dir", str(a_file)], "run_dir: '{}' is an existing file".format(a_file)),
+      "run_dir holds a run": (["--run_dir", run_dir], "already holds a run; continue it with --resume"),
+  }
+  before = _files_snapshot(str(tmp_path))
+  procs = {name: _launch(args) for name, (args, _) in cases.items()}
+  for name, proc in procs.items():
+    _, err = proc.communicate(timeout=300)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 2, (name, err[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("python -m launch.train: error: "), (name, err[-2000:])
+    assert cases[name][1] in lines[0], (name, lines[0])
+  assert _files_snapshot(str(tmp_path)) == before
+  assert a_file.read_text() == "not a folder"
