@@ -52,6 +52,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     else:
       exp = build_config(ExperimentConfig, args)
       agent_cfg = build_config(agent.Config, args)
+    if exp.backend == "device":
+      from jrl.device.runner import run_device  # gymnax envs; checks the env id itself
+      run_device(exp, agent_cfg)
+      return 0
     from jrl.envs import check_env_id
     check_env_id(exp.env)
     if exp.distributed:

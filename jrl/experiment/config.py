@@ -16,6 +16,7 @@ class ExperimentConfig:
   steps: int = 50_000                # env-step budget of the actors
   run_dir: str = ""                  # results folder; empty means runs/<agent>-<env>-s<seed>-<time>
   deterministic: bool = False        # seeded in-process replay instead of Reverb: same seed, same bytes
+  backend: str = "host"              # 'host': Python envs, embedded or distributed; 'device': gymnax envs, one compiled loop
   num_envs: int = 8                  # envs stepped together by the actor
   updates_per_call: int = 4          # SGD updates per jitted learner call (lax.scan)
   learner_devices: int = 0           # devices of the learner's data-parallel mesh; 0 = all
@@ -55,6 +56,10 @@ class ExperimentConfig:
     for name in ("num_actors", "num_inference_servers", "variable_update_period"):
       if getattr(self, name) <= 0:
         raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
+    if self.backend not in ("host", "device"):
+      raise ConfigError("backend", f"must be 'host' or 'device', got '{self.backend}'")
+    if self.backend == "device" and self.distributed:
+      raise ConfigError("backend", "'device' runs in one process; it cannot be combined with --distributed")
     if self.inference not in ("actor", "server"):
       raise ConfigError("inference", f"must be 'actor' or 'server', got '{self.inference}'")
     if self.lp_launch_type not in ("local_mp", "local_mt"):
