@@ -63,3 +63,24 @@ def test_two_learner_processes_equal_one_process(tmp_path, single_device):
   assert facts["processes"] == 2 and facts["devices"] == 2 and facts["cache_size"] == 1
   for ours, reference in zip(leaves, single_device[1]):
     np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=1e-6)
+
+
+def test_two_embedded_processes_make_the_same_learner_calls(tmp_path):
+  """Two runner processes share one learner mesh; with n-step 3 and prioritized replay each
+  decides its learner calls from env steps, so both make the same calls and end equal,
+  and each updates only the priorities of the rows it sampled."""
+  address = f"localhost:{portpicker.pick_unused_port()}"
+  args = ["--steps", "3000", "--eval_every", "1000", "--eval_episodes", "3", "--min_replay_size", "500",
+          "--hidden_sizes", "32,32", "--deterministic", "--prioritized", "--n_step", "3", "--progress_seconds", "0",
+          "--coordinator_address", address, "--num_processes", "2"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  procs = [subprocess.Popen([sys.executable, "-m", "launch.train", *args, "--process_id", str(pid),
+                             "--run_dir", str(tmp_path / f"p{pid}")], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for pid in (0, 1)]
+  for proc in procs:
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output[-3000:]
+  summaries = [json.load(open(tmp_path / f"p{pid}" / "summary.json")) for pid in (0, 1)]
+  assert summaries[0]["learner_processes"] == 2 and summaries[0]["learner_steps"] > 0
+  assert summaries[0]["learner_steps"] == summaries[1]["learner_steps"]
+  assert summaries[0]["params_digest"] == summaries[1]["params_digest"]

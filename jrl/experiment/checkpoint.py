@@ -55,9 +55,23 @@ def _files_under(root: str) -> List[str]:
   return sorted(found)
 
 
-def _orbax():
+def _local_checkpointer():
+  """orbax for this process's own files: the state is saved as host arrays (one replica),
+  and no other process takes part (each process of a multi-process learner holds the
+  same replicated state; orbax's cross-process finalisation is not wanted here)."""
+  import jax
   import orbax.checkpoint as ocp  # ~3 s to import: only runs that checkpoint pay it
-  return ocp
+  me = jax.process_index()
+  return ocp.StandardCheckpointer(
+      multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me}))
+
+
+def _host_copy(tree: Any) -> Any:
+  """numpy copies of the first local replica of every leaf."""
+  import jax
+  import numpy as np
+  first_replica = lambda x: x.addressable_shards[0].data if isinstance(x, jax.Array) else x
+  return jax.tree_util.tree_map(lambda x: np.asarray(jax.device_get(first_replica(x))), tree)
 
 
 class Checkpointer:
@@ -91,8 +105,8 @@ class Checkpointer:
     os.makedirs(staging)
     start = time.monotonic()
     if learner_state is not None:
-      checkpointer = _orbax().StandardCheckpointer()
-      checkpointer.save(os.path.join(staging, LEARNER), learner_state)
+      checkpointer = _local_checkpointer()
+      checkpointer.save(os.path.join(staging, LEARNER), _host_copy(learner_state))
       checkpointer.wait_until_finished()
       checkpointer.close()
     with open(os.path.join(staging, RUN_STATE), "wb") as f:
@@ -163,13 +177,10 @@ class Checkpointer:
 
   @staticmethod
   def restore_learner(info: CheckpointInfo, template: Any) -> Any:
-    """The learner state, restored with the structure, shapes and dtypes of `template`."""
-    import jax
-    ocp = _orbax()
-    abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, template)
-    checkpointer = ocp.StandardCheckpointer()
+    """The learner state as host (numpy) arrays, with the structure, shapes and dtypes of `template`."""
+    checkpointer = _local_checkpointer()
     try:
-      return checkpointer.restore(os.path.join(info.path, LEARNER), abstract)
+      return checkpointer.restore(os.path.join(info.path, LEARNER), _host_copy(template))
     finally:
       checkpointer.close()
 

@@ -47,6 +47,7 @@ class ExperimentConfig:
   restart_backoff_seconds: float = 1.0  # first wait before a restart; doubles with each restart of a node
   service_deadline_seconds: float = 60.0  # how long actors retry a lost replay or inference server
   crash_learner_after: int = 0       # fault injection for tests: the learner raises after this many calls
+  crash_actor_after: int = 0         # fault injection for tests: actor 0 raises after this many of its env steps
 
   def __post_init__(self):
     for name in ("steps", "num_envs", "updates_per_call", "prefetch", "eval_every",
@@ -81,11 +82,6 @@ class ExperimentConfig:
       raise ConfigError("service_deadline_seconds", f"must be > 0, got {self.service_deadline_seconds}")
     if self.progress_seconds < 0:
       raise ConfigError("progress_seconds", f"must be >= 0, got {self.progress_seconds}")
-
-  @property
-  def local_seed(self) -> int:
-    """Seed of this process's envs and replay sampling; processes share the learner's `seed`."""
-    return self.seed + 100_003 * self.process_id
 
   def default_run_dir(self) -> str:
     return f"runs/{self.agent}-{self.env}-s{self.seed}-{time.strftime('%Y%m%d-%H%M%S')}"

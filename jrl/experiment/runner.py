@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional
 import jax
 import numpy as np
 
-from jrl import envs
+from jrl import envs, seeding
 from jrl.actors.actor import Actor, LocalPolicy
 from jrl.actors.evaluator import Evaluator
 from jrl.actors.variables import VariableClient
@@ -65,9 +65,10 @@ def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: 
   num_items = items_per_fetch(spec, exp.updates_per_call, batch_size)
 
   if exp.deterministic:
-    rng = np.random.default_rng(exp.local_seed + 1)
+    replay_seed = seeding.env_seed(exp.seed, "replay", exp.process_id)
+    rng = np.random.default_rng(replay_seed + 1)
     assemble_batch = make_assembler(spec, exp.updates_per_call, batch_size, rng)
-    buffer = SeededReplayBuffer(spec, seed=exp.local_seed)
+    buffer = SeededReplayBuffer(spec, seed=replay_seed)
     if restore_from is not None:
       with open(os.path.join(restore_from, SEEDED_REPLAY_FILE), "rb") as f:
         saved = pickle.load(f)
@@ -126,7 +127,8 @@ def reverb_batches(address: str, parts, agent_cfg, exp: ExperimentConfig, batch_
   spec = parts.replay_spec
   sampler = reverb_replay.ReverbItemSampler(address, items_per_fetch(spec, exp.updates_per_call, batch_size),
                                             example_item(parts, agent_cfg))
-  assemble_batch = make_assembler(spec, exp.updates_per_call, batch_size, np.random.default_rng(exp.local_seed + 1))
+  rng = np.random.default_rng(seeding.env_seed(exp.seed, "replay", exp.process_id) + 1)
+  assemble_batch = make_assembler(spec, exp.updates_per_call, batch_size, rng)
 
   def produce() -> PreparedBatch:
     prepared = assemble_batch(sampler.sample())
@@ -188,10 +190,10 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   run_dir = prepare_run_dir(exp, agent_cfg)
   checkpointer = Checkpointer(run_dir, exp.keep_checkpoints)
   checkpointer.clean_partial()
-  env = envs.make_vector_env(exp.env, exp.num_envs, exp.local_seed)
-
-  learner_key, actor_key, _ = jax.random.split(jax.random.PRNGKey(exp.seed), 3)
-  actor_key = jax.random.fold_in(actor_key, exp.process_id)
+  # This process is actor `process_id` of the run (several processes share one learner).
+  env = envs.make_vector_env(exp.env, exp.num_envs, seeding.env_seed(exp.seed, "actor", exp.process_id))
+  learner_key = seeding.node_key(exp.seed, "learner")
+  actor_key = seeding.node_key(exp.seed, "actor", exp.process_id)
   # Each process feeds its own slice of the global batch from its own replay.
   local_batch_size = agent_cfg.batch_size // jax.process_count()
   replay = make_replay(parts, agent_cfg, exp, local_batch_size, mesh, run_dir,
@@ -203,7 +205,7 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   variables = VariableClient(learner)
   actor = Actor(env, LocalPolicy(agent.make_policy(networks, agent_cfg), variables, actor_key),
                 adder=adder, sink=block_writer.add)
-  evaluator_seed = exp.seed + 10_000
+  evaluator_seed = seeding.env_seed(exp.seed, "evaluator")
   evaluator = Evaluator(exp.env, agent.make_policy(networks, agent_cfg, evaluation=True),
                         exp.eval_episodes, seed=evaluator_seed)
   loop = LoopState(exp, threshold)
@@ -215,7 +217,8 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
     learner.restore(Checkpointer.restore_learner(resume_info, learner.state), saved["learner_steps"],
                     saved["learner_version"])
     variables.update()  # the actor acts with the restored parameters
-    if not actor.restore(saved["actor"], reset_seed=exp.local_seed + 7_919 * loop.sessions):
+    if not actor.restore(saved["actor"], reset_seed=seeding.env_seed(exp.seed, "actor", exp.process_id,
+                                                                      incarnation=loop.sessions)):
       print(f"[resume] {exp.env} envs cannot be saved; they restart with fresh episodes", flush=True)
     block_writer.restore(saved["block_writer"])
     evaluator.restore(saved["evaluator"])
@@ -232,14 +235,20 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   samples_per_call = exp.updates_per_call * local_batch_size
   schedule = CheckpointSchedule(exp.checkpoint_every_steps, exp.checkpoint_every_seconds, actor.env_steps)
 
-  def calls_owed(written: int) -> int:
-    """Learner calls due once `written` rows are in replay: one per batch of sequences
-    (on-policy), or enough to keep transitions sampled at samples_per_insert x inserted."""
+  # Transitions the adder and block writer may still hold back (open n-step windows, a
+  # partial block). Calls are due by env steps less this margin, rows sure to be in replay,
+  # so every learner process of a multi-process run makes the same calls.
+  held_back = exp.num_envs * (getattr(agent_cfg, "n_step", 1) - 1) + replay_spec.block_size - 1
+
+  def calls_owed() -> int:
+    """Learner calls due: one per batch of sequences written (on-policy), or enough to keep
+    transitions sampled at samples_per_insert x inserted."""
     if replay_spec.sequences:
-      return (written - loop.lost_sequences) // local_batch_size
-    if written < replay_spec.min_size:
+      return (block_writer.transitions_written - loop.lost_sequences) // local_batch_size
+    rows = actor.env_steps - held_back
+    if rows < replay_spec.min_size:
       return 0
-    return int((written - replay_spec.min_size) * replay_spec.samples_per_insert // samples_per_call) + 1
+    return int((rows - replay_spec.min_size) * replay_spec.samples_per_insert // samples_per_call) + 1
 
   start = time.monotonic()
   elapsed = lambda: loop.wall_before + time.monotonic() - start
@@ -283,7 +292,7 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
       loop.recent_returns += stats.returns
       loop.recent_lengths += stats.lengths
 
-      while learner.version < calls_owed(block_writer.transitions_written):
+      while learner.version < calls_owed():
         loop.learner_metrics = learner.step()
 
       if actor.env_steps >= loop.next_eval:

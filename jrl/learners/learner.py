@@ -67,10 +67,19 @@ class Learner:
     self._state, metrics = self._update_many(self._state, sharding.put_batch(prepared.batch, self.mesh))
     priorities = metrics.pop("priorities", None)
     if self._update_priorities is not None and priorities is not None:
-      self._update_priorities(item_priorities(np.asarray(priorities), prepared.item_keys, prepared.item_index))
+      self._update_priorities(item_priorities(self._local_rows(np.asarray(priorities)), prepared.item_keys,
+                                              prepared.item_index))
     self.steps += int(prepared.batch.weights.shape[0])
     self.version += 1
     return {k: float(np.mean(v)) for k, v in jax.device_get(metrics).items()}
+
+  @staticmethod
+  def _local_rows(priorities: np.ndarray) -> np.ndarray:
+    """This process's columns of the global [U, B] priorities: processes feed their
+    rows of B in process order (see `sharding.put_batch`)."""
+    local = priorities.shape[1] // jax.process_count()
+    start = jax.process_index() * local
+    return priorities[:, start:start + local]
 
   def get_variables(self) -> Tuple[object, int]:
     """(params, version), params as single-device arrays of this process."""
