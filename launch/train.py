@@ -52,6 +52,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     else:
       exp = build_config(ExperimentConfig, args)
       agent_cfg = build_config(agent.Config, args)
+    exp.check_given_flags(given_fields(ExperimentConfig, args))
     if exp.backend == "device":
       from jrl.device.runner import run_device  # gymnax envs; checks the env id itself
       run_device(exp, agent_cfg)

@@ -7,6 +7,19 @@ from typing import Optional
 from jrl.errors import ConfigError
 
 
+# Fields one mode of run cannot honour; given explicitly in the other mode they are an error.
+EMBEDDED_ONLY = {
+    "deterministic": "Reverb's samplers cannot be seeded, so a distributed run is not bit-reproducible",
+    "log_every": "distributed nodes write a metrics row every second",
+    "process_id": "a distributed program numbers its learner processes itself",
+}
+DISTRIBUTED_ONLY = frozenset({
+    "num_actors", "inference", "num_inference_servers", "inference_timeout_ms", "variable_update_period",
+    "lp_launch_type", "launcher", "hosts", "placement", "host_command", "max_restarts", "restart_backoff_seconds",
+    "service_deadline_seconds", "crash_learner_after", "crash_actor_after",
+})
+
+
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
   """Settings shared by every agent; the agent's own live in its Config."""
@@ -43,6 +56,10 @@ class ExperimentConfig:
   inference_timeout_ms: float = 10.0  # longest a server waits for every actor to ask before answering
   variable_update_period: int = 10   # actor/server steps between parameter refreshes (distributed)
   lp_launch_type: str = "local_mp"   # Launchpad launch type: local_mp or local_mt
+  launcher: str = "local"            # where the program runs: 'local' (this host), 'slurm', or 'template' (host_command)
+  hosts: str = ""                    # multi-host: "node1,node2,node3" (Slurm gives addresses) or "node1=10.0.0.1,..."
+  placement: str = ""                # multi-host: groups on hosts, e.g. "replay,learner,counter,evaluator=node1 actor=node2,node3"
+  host_command: str = ""             # template launcher: runs {command} on {host} at {address}, e.g. "ssh {host} {command}"
   max_restarts: int = 3              # restarts allowed per actor, evaluator or inference node
   restart_backoff_seconds: float = 1.0  # first wait before a restart; doubles with each restart of a node
   service_deadline_seconds: float = 60.0  # how long actors retry a lost replay or inference server
@@ -63,6 +80,15 @@ class ExperimentConfig:
       raise ConfigError("backend", "'device' runs in one process; it cannot be combined with --distributed")
     if self.inference not in ("actor", "server"):
       raise ConfigError("inference", f"must be 'actor' or 'server', got '{self.inference}'")
+    if self.launcher not in ("local", "slurm", "template"):
+      raise ConfigError("launcher", f"must be 'local', 'slurm' or 'template', got '{self.launcher}'")
+    if self.launcher != "local" and not self.distributed:
+      raise ConfigError("launcher", f"'{self.launcher}' launches a distributed program: add --distributed")
+    if self.launcher != "local" and not self.hosts:
+      raise ConfigError("hosts", f"--launcher {self.launcher} needs the hosts, e.g. --hosts node1,node2,node3")
+    if self.launcher == "template" and "{command}" not in self.host_command:
+      raise ConfigError("host_command", "needs a template with {command} (and {host} or {address}), "
+                                        "e.g. 'ssh {host} {command}'")
     if self.lp_launch_type not in ("local_mp", "local_mt"):
       raise ConfigError("lp_launch_type", f"must be 'local_mp' or 'local_mt', got '{self.lp_launch_type}'")
     if self.inference_timeout_ms <= 0:
@@ -82,6 +108,15 @@ class ExperimentConfig:
       raise ConfigError("service_deadline_seconds", f"must be > 0, got {self.service_deadline_seconds}")
     if self.progress_seconds < 0:
       raise ConfigError("progress_seconds", f"must be >= 0, got {self.progress_seconds}")
+
+  def check_given_flags(self, given) -> None:
+    """ConfigError for a field given explicitly that this run's mode cannot honour
+    (`given`: names of the fields set on the command line)."""
+    for name in given:
+      if self.distributed and name in EMBEDDED_ONLY:
+        raise ConfigError(name, f"applies to runs in one process, not to --distributed ones ({EMBEDDED_ONLY[name]})")
+      if not self.distributed and name in DISTRIBUTED_ONLY:
+        raise ConfigError(name, "applies to --distributed runs only")
 
   def default_run_dir(self) -> str:
     return f"runs/{self.agent}-{self.env}-s{self.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
