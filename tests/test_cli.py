@@ -23,6 +23,27 @@ BAD_INPUTS = {
     "zero batch size": (["--batch_size", "0"], "batch_size: must be > 0, got 0"),
     "unknown field": (["--learning_rat", "0.1"], "unknown config field or flag: --learning_rat"),
     "bad value type": (["--steps", "many"], "argument --steps: invalid int value"),
+    # Flags a mode cannot honour.
+    "deterministic distributed": (["--distributed", "--deterministic"], "deterministic: applies to runs in one process"),
+    "log_every distributed": (["--distributed", "--log_every", "5"], "log_every: applies to runs in one process"),
+    "num_actors embedded": (["--num_actors", "3"], "num_actors: applies to --distributed runs only"),
+    "device distributed": (["--distributed", "--backend", "device"], "backend: 'device' runs in one process"),
+    # Multi-host placement, refused before anything launches.
+    "slurm without hosts": (["--distributed", "--launcher", "slurm"], "hosts: --launcher slurm needs the hosts"),
+    "unknown launcher": (["--distributed", "--launcher", "mpi"], "launcher: must be 'local', 'slurm' or 'template'"),
+    "unknown host": (["--distributed", "--launcher", "template", "--host_command", "{command}", "--hosts",
+                      "a=127.0.0.1,b=127.0.0.2", "--placement", "replay,learner,counter,evaluator,actor=a inference=c"],
+                     "placement: host 'c' is not in --hosts (a, b)"),
+    "group unplaced": (["--distributed", "--launcher", "template", "--host_command", "{command}", "--hosts",
+                        "a=127.0.0.1,b=127.0.0.2", "--placement", "replay,learner,counter,actor=a"],
+                       "placement: group 'evaluator' is not placed on any host"),
+    "learner processes unplaced": (["--distributed", "--launcher", "template", "--host_command", "{command}",
+                                    "--hosts", "a=127.0.0.1,b=127.0.0.2", "--num_processes", "2", "--placement",
+                                    "replay,learner,counter,evaluator,actor=a"],
+                                   "placement: 2 learner processes (num_processes) but 1 learner host(s) placed"),
+    "template host without address": (["--distributed", "--launcher", "template", "--host_command", "{command}",
+                                       "--hosts", "a,b", "--placement", "replay,learner,counter,evaluator,actor=a"],
+                                      "hosts: host 'a' has no address"),
 }
 
 

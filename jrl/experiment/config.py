@@ -97,8 +97,8 @@ class ExperimentConfig:
       raise ConfigError("learner_devices", f"must be >= 0 (0 = all), got {self.learner_devices}")
     if not 0 <= self.process_id < self.num_processes:
       raise ConfigError("process_id", f"must be in [0, num_processes={self.num_processes}), got {self.process_id}")
-    if self.num_processes > 1 and not self.coordinator_address:
-      raise ConfigError("coordinator_address", "is required when num_processes > 1")
+    if self.num_processes > 1 and not self.coordinator_address and not self.distributed:
+      raise ConfigError("coordinator_address", "is required when num_processes > 1 (a distributed program picks one)")
     for name in ("checkpoint_every_seconds", "checkpoint_every_steps", "max_restarts", "restart_backoff_seconds"):
       if getattr(self, name) < 0:
         raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
