@@ -10,6 +10,8 @@ from jrl.specs import EnvSpec, make_env_spec
 
 
 def check_env_id(env_id: str) -> None:
+  if env_id.startswith("gymnax:"):
+    raise ConfigError("env", f"'{env_id}' is a JAX-native (gymnax) env: run it with --backend device")
   if env_id not in gym.registry:
     close = [k for k in gym.registry if k.lower().startswith(env_id.split("-")[0].lower())]
     hint = f" (did you mean {', '.join(sorted(close)[:3])}?)" if close else ""

@@ -25,7 +25,9 @@ find_python310() {
 }
 
 STAMP=.venv/.jrl-installed
-if [ -f "$STAMP" ] && cmp -s "$STAMP" requirements-lock.txt; then
+# The stamp is the text of every requirements file installed below.
+stamp_text() { cat requirements-lock.txt requirements-nodeps.txt; }
+if [ -f "$STAMP" ] && stamp_text | cmp -s "$STAMP" -; then
   exit 0
 fi
 
@@ -41,6 +43,8 @@ fi
 echo "[setup] installing pinned stack from requirements-lock.txt"
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -r requirements-lock.txt
+# gymnax (device backend) declares gymnasium<1.4; its real needs are in the lock.
+.venv/bin/python -m pip install -q --no-deps -r requirements-nodeps.txt
 .venv/bin/python -m pip install -q --no-deps -e .
-cp requirements-lock.txt "$STAMP"
+stamp_text > "$STAMP"
 echo "[setup] done"

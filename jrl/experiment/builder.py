@@ -26,9 +26,13 @@ class AgentParts(NamedTuple):
 def build_agent_parts(agent_name: str, env_id: str, agent_cfg) -> AgentParts:
   """Checks agent and env (ConfigError on a mismatch) and builds networks and replay spec."""
   agent = get_agent(agent_name)
-  probe = envs.make_vector_env(env_id, 1, seed=0)
-  env_spec = envs.env_spec(probe)
-  probe.close()
+  if env_id.startswith("gymnax:"):  # a device-backend run (e.g. reloading its policy)
+    from jrl.device.envs import env_spec as gymnax_env_spec
+    env_spec = gymnax_env_spec(env_id)
+  else:
+    probe = envs.make_vector_env(env_id, 1, seed=0)
+    env_spec = envs.env_spec(probe)
+    probe.close()
   networks = agent.make_networks(env_spec, agent_cfg)
   return AgentParts(agent, env_spec, networks, agent.make_replay_spec(agent_cfg))
 

@@ -1,0 +1,137 @@
+"""On-device replay for off-policy agents: an n-step window and a ring buffer, both pure.
+
+n-step transitions. `NStepWindow` keeps the last n vector steps and, once full,
+emits every step exactly one transition per env: the one that *starts* n - 1
+steps earlier, summed up to n rewards and cut at the first episode end inside
+the window (discount 0 on termination, gamma^k after k steps otherwise,
+bootstrapping from the true final observation). This is the same set of
+transitions as `jrl.replay.adders.NStepTransitionAdder` writes (one per env
+step), each emitted n - 1 steps later and with a fixed shape, so it compiles.
+
+Replay. `Ring` stores transitions as rows of one vector step, `[S, N, ...]`
+(S = max_size // N slots, FIFO). A learner call draws `U x B` transitions,
+each uniform over the stored ones, stratified by env: batch column b draws its
+env from the group `[b N / B, (b + 1) N / B)` (one env, or B / N columns per
+env) and a uniform slot. With the env axis and the batch axis both split over
+the mesh's devices, every column's group lives on that column's device, so the
+gather runs locally on each device (`shard_map`), and the samples do not
+depend on the number of devices. Sampling is per transition (no blocks: there
+is no per-call cost to amortise on device).
+"""
+
+from typing import NamedTuple, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.shard_map import shard_map
+from jax.sharding import Mesh, PartitionSpec as P
+
+from jrl.errors import ConfigError
+from jrl.learners.sharding import DATA_AXIS
+from jrl.types import Transition
+
+
+class NStepWindow(NamedTuple):
+  """The last n vector steps, oldest first; leaves `[n, N, ...]`."""
+  observation: jax.Array
+  action: jax.Array
+  reward: jax.Array       # [n, N] r_{t+1}
+  terminated: jax.Array   # [n, N] bool
+  done: jax.Array         # [n, N] bool: terminated or truncated
+  next_observation: jax.Array  # [n, N, *obs] observation after the step (true final one at an end)
+  steps: jax.Array        # [] int32 vector steps added (capped at n)
+
+
+def window_init(n: int, obs: jax.Array, action: jax.Array) -> NStepWindow:
+  zeros = lambda x: jnp.zeros((n,) + x.shape, x.dtype)
+  num_envs = obs.shape[0]
+  return NStepWindow(zeros(obs), zeros(action), jnp.zeros((n, num_envs), jnp.float32),
+                     jnp.zeros((n, num_envs), bool), jnp.zeros((n, num_envs), bool), zeros(obs),
+                     jnp.zeros((), jnp.int32))
+
+
+def window_add(window: NStepWindow, obs, action, reward, terminated, truncated, next_obs,
+               gamma: float) -> Tuple[NStepWindow, Transition, jax.Array]:
+  """Adds one vector step; returns (window, transitions [N, ...] of the oldest step, valid [])."""
+  n = window.reward.shape[0]
+  push = lambda hist, new: jnp.concatenate([hist[1:], new[None].astype(hist.dtype)], axis=0)
+  done = jnp.logical_or(terminated, truncated)
+  window = NStepWindow(push(window.observation, obs), push(window.action, action), push(window.reward, reward),
+                       push(window.terminated, terminated), push(window.done, done),
+                       push(window.next_observation, next_obs), jnp.minimum(window.steps + 1, n))
+  # alive[k]: no episode ended at steps 0 .. k-1 of the window.
+  ended_before = jnp.cumsum(window.done.astype(jnp.int32), axis=0) - window.done.astype(jnp.int32)
+  alive = (ended_before == 0).astype(jnp.float32)                      # [n, N]
+  powers = jnp.asarray(gamma ** np.arange(n), jnp.float32)[:, None]    # [n, 1]
+  reward_sum = jnp.sum(alive * powers * window.reward, axis=0)
+  ends = jnp.logical_and(alive > 0, window.done)                       # [n, N] at most one per env
+  any_end = ends.any(axis=0)
+  last = jnp.where(any_end, jnp.argmax(ends, axis=0), n - 1)           # [N] index of the last step used
+  index = last.reshape((1, -1) + (1,) * (window.next_observation.ndim - 2))
+  bootstrap = jnp.take_along_axis(window.next_observation, index, axis=0)[0]
+  terminated_at_end = jnp.take_along_axis(window.terminated, last[None], axis=0)[0]
+  discount = jnp.where(any_end & terminated_at_end, 0.0, jnp.asarray(gamma, jnp.float32) ** (last + 1))
+  transitions = Transition(window.observation[0], window.action[0], reward_sum,
+                           discount.astype(jnp.float32), bootstrap)
+  return window, transitions, window.steps >= n
+
+
+class Ring(NamedTuple):
+  """FIFO replay of transition rows; leaves `[S, N, ...]`."""
+  data: Transition
+  rows: jax.Array  # [] int32 rows inserted so far
+
+
+def ring_init(example: Transition, slots: int) -> Ring:
+  """`example`: transitions [N, ...] of one vector step."""
+  return Ring(jax.tree_util.tree_map(lambda x: jnp.zeros((slots,) + x.shape, x.dtype), example),
+              jnp.zeros((), jnp.int32))
+
+
+def ring_insert(ring: Ring, row: Transition, valid: jax.Array) -> Ring:
+  """Writes `row` at the next slot; counts it only when `valid` (the slot is reused otherwise)."""
+  slots = jax.tree_util.tree_leaves(ring.data)[0].shape[0]
+  slot = ring.rows % slots
+  data = jax.tree_util.tree_map(lambda store, x: jax.lax.dynamic_update_index_in_dim(store, x.astype(store.dtype),
+                                                                                       slot, 0),
+                                ring.data, row)
+  return Ring(data, ring.rows + valid.astype(jnp.int32))
+
+
+def check_sizes(num_envs: int, batch_size: int, num_devices: int) -> None:
+  if num_envs % num_devices:
+    raise ConfigError("num_envs", f"must be divisible by the {num_devices} learner devices, got {num_envs}")
+  if num_envs % batch_size and batch_size % num_envs:
+    raise ConfigError("num_envs", f"and batch_size must divide one another on the device backend (each batch "
+                                  f"column samples its own group of envs), got {num_envs} and {batch_size}")
+
+
+def sample_indices(key: jax.Array, ring: Ring, lead: Tuple[int, int], num_envs: int) -> Tuple[jax.Array, jax.Array]:
+  """(slot [U, B], env [U, B]): uniform slots among those filled, envs stratified by column."""
+  updates, batch = lead
+  slots = jax.tree_util.tree_leaves(ring.data)[0].shape[0]
+  filled = jnp.maximum(jnp.minimum(ring.rows, slots), 1)
+  slot_key, env_key = jax.random.split(key)
+  slot = jax.random.randint(slot_key, lead, 0, filled)
+  group = max(1, num_envs // batch)                          # envs per column
+  first = (np.arange(batch) * num_envs) // batch             # [B] first env of each column's group
+  env = jnp.asarray(first, jnp.int32)[None] + jax.random.randint(env_key, lead, 0, group)
+  return slot, env
+
+
+def make_gather(mesh: Mesh, num_envs: int):
+  """gather(ring_data [S, N, ...], slot [U, B], env [U, B]) -> Transition [U, B, ...], local to each device."""
+  local_envs = num_envs // mesh.devices.size
+
+  def local(data, slot, env):
+    env = env - jax.lax.axis_index(DATA_AXIS) * local_envs
+    return jax.tree_util.tree_map(lambda x: x[slot, env], data)
+
+  def gather(data, slot, env):
+    data_spec = jax.tree_util.tree_map(lambda _: P(None, DATA_AXIS), data)
+    out_spec = jax.tree_util.tree_map(lambda _: P(None, DATA_AXIS), data)
+    return shard_map(local, mesh=mesh, in_specs=(data_spec, P(None, DATA_AXIS), P(None, DATA_AXIS)),
+                     out_specs=out_spec, check_rep=False)(data, slot, env)
+
+  return gather

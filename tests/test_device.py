@@ -1,0 +1,192 @@
+"""The device backend: n-step window against the host adder, replay sampling, bad input,
+PPO on gymnax CartPole to 475 with the run directory, determinism, chunking and 1 vs 2 devices."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jrl.agents import dqn, ppo
+from jrl.device import replay as device_replay
+from jrl.experiment.config import ExperimentConfig
+from jrl.learners import sharding
+from jrl.replay.adders import NStepTransitionAdder
+from jrl.types import Transition
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_nstep_window_emits_the_adders_transitions():
+  """Same transitions as NStepTransitionAdder (terminations and truncations inside windows)."""
+  num_envs, n, gamma, steps = 3, 3, 0.9, 40
+  rng = np.random.default_rng(0)
+  terminated = rng.random((steps, num_envs)) < 0.12
+  truncated = (rng.random((steps, num_envs)) < 0.08) & ~terminated
+  reward = rng.normal(size=(steps, num_envs)).astype(np.float32)
+  obs = lambda t: np.stack([np.array([e, t], np.float32) for e in range(num_envs)])   # identifies (env, step)
+  final = lambda t: obs(t) + np.float32(0.5)                                           # bootstrap obs after step t
+  action = lambda t: np.full(num_envs, t % 2, np.int32)
+
+  adder = NStepTransitionAdder(num_envs, n, gamma)
+  expected = {}
+  for t in range(steps):
+    out = adder.add(obs(t), action(t), reward[t], terminated[t], truncated[t], final(t))
+    for i in range(len(out.reward)):
+      expected[tuple(out.observation[i])] = (out.reward[i], out.discount[i], tuple(out.next_observation[i]))
+
+  window = device_replay.window_init(n, jnp.asarray(obs(0)), jnp.asarray(action(0)))
+  add = jax.jit(device_replay.window_add, static_argnums=7)
+  got = {}
+  for t in range(steps):
+    window, out, valid = add(window, obs(t), action(t), reward[t], terminated[t], truncated[t], final(t), gamma)
+    if bool(valid):
+      for i in range(num_envs):
+        got[tuple(np.asarray(out.observation[i]))] = (float(out.reward[i]), float(out.discount[i]),
+                                                      tuple(np.asarray(out.next_observation[i])))
+  assert len(got) == num_envs * (steps - n + 1)
+  for start, (r, d, nxt) in got.items():  # every emitted transition is the adder's
+    er, ed, enxt = expected[start]
+    assert r == pytest.approx(float(er), abs=1e-5) and d == pytest.approx(float(ed), abs=1e-6) and nxt == enxt, start
+  assert all(k in got for k in expected if k[1] <= steps - n)  # and every one the adder wrote is emitted
+
+
+def test_ring_sampling_is_stratified_uniform_and_gathers_locally():
+  num_envs, slots = 8, 5
+  row = Transition(jnp.zeros((num_envs, 2)), jnp.zeros(num_envs, jnp.int32), jnp.zeros(num_envs),
+                   jnp.zeros(num_envs), jnp.zeros((num_envs, 2)))
+  ring = device_replay.ring_init(row, slots)
+  for t in range(7):  # wraps around: 5 slots, 7 rows
+    obs = jnp.stack([jnp.full(num_envs, t, jnp.float32), jnp.arange(num_envs, dtype=jnp.float32)], 1)
+    ring = device_replay.ring_insert(ring, row._replace(observation=obs), jnp.asarray(True))
+  for batch in (4, 16):
+    slot, env = device_replay.sample_indices(jax.random.PRNGKey(1), ring, (200, batch), num_envs)
+    first = (np.arange(batch) * num_envs) // batch
+    group = max(1, num_envs // batch)
+    assert np.all((np.asarray(env) >= first) & (np.asarray(env) < first + group))
+    data = device_replay.make_gather(sharding.make_mesh(1), num_envs)(ring.data, slot, env)
+    np.testing.assert_array_equal(data.observation[..., 1], env)       # the env column asked for
+    assert set(np.unique(data.observation[..., 0])) == {2, 3, 4, 5, 6}  # only the 5 newest rows
+  with pytest.raises(Exception, match="num_envs"):
+    device_replay.check_sizes(12, 8, 1)
+
+
+BAD_INPUTS = {
+    "unknown gymnax id": (["--env", "gymnax:NoSuchEnv-v0"], "env: unknown gymnax id 'NoSuchEnv-v0'"),
+    "gymnasium id": (["--env", "CartPole-v1"], "env: --backend device needs a JAX-native env"),
+    "distributed": (["--env", "gymnax:CartPole-v1", "--distributed"], "backend: 'device' runs in one process"),
+}
+
+
+def test_bad_input_gives_one_line_and_status_2(tmp_path):
+  procs = {name: subprocess.Popen([sys.executable, "-m", "launch.train", "--backend", "device", *args, "--run_dir",
+                                   str(tmp_path / name)], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE) for name, (args, _) in BAD_INPUTS.items()}
+  for name, proc in procs.items():
+    _, err = proc.communicate(timeout=180)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 2, (name, err)
+    assert len(lines) == 1 and "Traceback" not in err, (name, err)
+    assert lines[0].startswith("python -m launch.train: error: ") and BAD_INPUTS[name][1] in lines[0], (name, lines)
+    assert not (tmp_path / name).exists()
+
+
+def _read(path):
+  with open(path) as f:
+    return list(csv.DictReader(f))
+
+
+def test_ppo_reaches_475_on_gymnax_cartpole_and_writes_the_run_directory(tmp_path):
+  from jrl.device.runner import run_device
+  import jrl
+  run_dir = tmp_path / "run"
+  exp = ExperimentConfig(agent="ppo", env="gymnax:CartPole-v1", backend="device", seed=0, steps=100_000,
+                         eval_every=2_500, stop_at_threshold=True, run_dir=str(run_dir), progress_seconds=0)
+  summary = run_device(exp, ppo.Config())
+  assert summary["steps_to_threshold"] is not None and summary["best_eval_return"] >= 475, summary
+  assert summary["loop_compiles"] == 0
+  for name in ("config.json", "summary.json", "metrics/actor.csv", "metrics/learner.csv", "metrics/evaluator.csv",
+               "plots/learning_curve.png", "policies/best.msgpack", "policies/final.json"):
+    assert (run_dir / name).is_file(), name
+  assert any(name.startswith("events.out.tfevents") for name in os.listdir(run_dir / "tensorboard"))
+  saved = json.loads((run_dir / "summary.json").read_text())
+  for key in ("params_digest", "eval_return", "steps_to_threshold", "wall_seconds", "compile_seconds",
+              "env_steps_per_second"):
+    assert key in saved, key
+  best = json.loads((run_dir / "policies" / "best.json").read_text())
+  assert set(best) == {"actor_steps", "learner_steps", "eval_return", "eval_index", "eval_seed", "eval_episodes"}
+  assert best["eval_return"] >= 475
+  assert [r for r in _read(run_dir / "metrics" / "actor.csv")][0].keys() >= {"actor_steps", "episode_return",
+                                                                              "steps_per_second"}
+  policy = jrl.load_policy(str(run_dir))  # the snapshot reloads through the library API
+  assert policy(np.zeros(4, np.float32)) in (0, 1)
+
+
+def _short_run(tmp_path, name, agent, steps, chunk_steps=None, **exp_fields):
+  from jrl.device.runner import run_device
+  cfg = dqn.Config(min_replay_size=256, epsilon_decay_steps=1_000) if agent == "dqn" else ppo.Config()
+  exp = ExperimentConfig(agent=agent, env="gymnax:CartPole-v1", backend="device", seed=3, steps=steps,
+                         eval_every=1_024, eval_episodes=4, run_dir=str(tmp_path / name), progress_seconds=0,
+                         **exp_fields)
+  return run_device(exp, cfg, chunk_steps=chunk_steps)
+
+
+def test_same_seed_same_bytes_and_chunking_does_not_change_training(tmp_path):
+  a = _short_run(tmp_path, "a", "dqn", 2_048)
+  b = _short_run(tmp_path, "b", "dqn", 2_048)
+  c = _short_run(tmp_path, "c", "dqn", 2_048, chunk_steps=512)
+  assert a["learner_steps"] > 0
+  assert a["params_digest"] == b["params_digest"] == c["params_digest"]
+  untimed = lambda name: [{k: v for k, v in row.items() if k not in ("updates_per_second", "wall_seconds")}
+                          for row in _read(tmp_path / name / "metrics" / "learner.csv")]
+  assert untimed("a") == untimed("b")
+
+
+TWO_DEVICES = """
+import json, sys
+import distrax, rlax
+import jax, numpy as np
+from jrl.agents import dqn, ppo
+from jrl.device.runner import run_device
+from jrl.experiment.config import ExperimentConfig
+from jrl.policies import load_params
+out = {}
+for agent, steps in (("ppo", 8192), ("dqn", 640)):
+  for devices in (1, 2):
+    cfg = dqn.Config(min_replay_size=512) if agent == "dqn" else ppo.Config()
+    run_dir = f"{sys.argv[1]}/{agent}{devices}"
+    exp = ExperimentConfig(agent=agent, env="gymnax:CartPole-v1", backend="device", seed=1, steps=steps,
+                           eval_every=1024, learner_devices=devices, run_dir=run_dir, progress_seconds=0)
+    s = run_device(exp, cfg)
+    params = [np.asarray(x).tolist() for x in jax.tree_util.tree_leaves(load_params(run_dir, "final"))]
+    out[f"{agent}{devices}"] = {"summary": s, "params": params}
+json.dump({"devices": jax.device_count(), **out}, open(sys.argv[1] + "/out.json", "w"))
+"""
+
+
+def test_two_devices_learn_as_one(tmp_path):
+  """Forced 2 CPU devices: the same eval curve (PPO) and the same parameters within float
+  tolerance (DQN, whose gradient all-reduce sums in another order), each with no compile in the loop."""
+  script = tmp_path / "two.py"
+  script.write_text(TWO_DEVICES)
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", PYTHONPATH=ROOT)
+  proc = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=ROOT, env=env, text=True,
+                        capture_output=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads((tmp_path / "out.json").read_text())
+  assert out["devices"] == 2
+  for agent in ("ppo", "dqn"):
+    one, two = out[f"{agent}1"], out[f"{agent}2"]
+    assert (one["summary"]["learner_devices"], two["summary"]["learner_devices"]) == (1, 2)
+    assert one["summary"]["loop_compiles"] == two["summary"]["loop_compiles"] == 0
+    assert one["summary"]["learner_steps"] == two["summary"]["learner_steps"] > 0
+    for x, y in zip(one["params"], two["params"]):
+      np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-3, atol=1e-4)
+  curves = [[float(r["eval_return"]) for r in _read(tmp_path / f"ppo{d}" / "metrics" / "evaluator.csv")]
+            for d in (1, 2)]
+  np.testing.assert_allclose(curves[1], curves[0], rtol=1e-5)
