@@ -94,6 +94,7 @@ class CompileClock:
 
   def __init__(self):
     self._intervals: List[tuple] = []
+    self.by_event: Dict[str, float] = {}  # summed per event (nested events overlap)
     self.backend_compiles = 0
     self.active = True
     jax.monitoring.register_event_duration_secs_listener(self._listen)
@@ -102,15 +103,21 @@ class CompileClock:
     if self.active and event in COMPILE_EVENTS:
       end = time.monotonic()
       self._intervals.append((end - duration, end))
+      self.by_event[event] = self.by_event.get(event, 0.0) + duration
       if event == COMPILE_EVENTS[-1]:
         self.backend_compiles += 1
 
   @property
   def seconds(self) -> float:
-    total, reach = 0.0, float("-inf")
+    return self.seconds_between(float("-inf"), float("inf"))
+
+  def seconds_between(self, t0: float, t1: float) -> float:
+    """Compile seconds inside [t0, t1] (time.monotonic() clock)."""
+    total, reach = 0.0, t0
     for start, end in sorted(self._intervals):
-      if end > reach:
-        total += end - max(start, reach)
+      start, end = max(start, reach), min(end, t1)
+      if end > start:
+        total += end - start
         reach = end
     return total
 
@@ -442,6 +449,7 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
   jax.device_put(jax.random.fold_in(eval_base_key, 0), loop.replicated)
   compiles_before_loop = clock.backend_compiles
   elapsed = lambda: time.monotonic() - start
+  setup_seconds = elapsed()  # metrics' wall_seconds count from the run's start, as summary.wall_seconds
 
   def snapshot_info(**extra) -> Dict[str, Any]:
     return {"actor_steps": env_steps, "learner_steps": learner_steps, **extra}
@@ -532,6 +540,7 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
       "learner_devices": int(mesh.devices.size), "learner_processes": 1, "resumed": False, "checkpoints": [],
       "backend": "device", "num_envs": plan.num_envs, "chunk_steps": plan.chunk_steps,
       "compile_seconds": round(compile_seconds, 3), "jax_compile_seconds": round(clock.seconds, 3),
+      "setup_seconds": round(setup_seconds, 3),
       "loop_seconds": round(loop_seconds, 3), "eval_seconds": round(eval_seconds, 3),
       "env_steps_per_second": round(env_steps / max(loop_seconds, 1e-9), 1),
       "loop_compiles": clock.backend_compiles - compiles_before_loop,
