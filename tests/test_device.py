@@ -140,7 +140,11 @@ def test_same_seed_same_bytes_and_chunking_does_not_change_training(tmp_path):
   a = _short_run(tmp_path, "a", "dqn", 2_048)
   b = _short_run(tmp_path, "b", "dqn", 2_048)
   c = _short_run(tmp_path, "c", "dqn", 2_048, chunk_steps=512)
-  assert a["learner_steps"] > 0
+  # Samples per insert as the embedded runner: calls due for the transitions written (n-step: n - 1 steps late).
+  from jrl.device.runner import calls_owed
+  cfg = dqn.Config(min_replay_size=256, epsilon_decay_steps=1_000)
+  written = (a["actor_steps"] // 8 - (cfg.n_step - 1)) * 8
+  assert a["learner_steps"] == 4 * calls_owed(written, cfg.replay_spec(), 4 * cfg.batch_size) > 0
   assert a["params_digest"] == b["params_digest"] == c["params_digest"]
   untimed = lambda name: [{k: v for k, v in row.items() if k not in ("updates_per_second", "wall_seconds")}
                           for row in _read(tmp_path / name / "metrics" / "learner.csv")]
@@ -190,3 +194,28 @@ def test_two_devices_learn_as_one(tmp_path):
   curves = [[float(r["eval_return"]) for r in _read(tmp_path / f"ppo{d}" / "metrics" / "evaluator.csv")]
             for d in (1, 2)]
   np.testing.assert_allclose(curves[1], curves[0], rtol=1e-5)
+
+
+def test_prioritized_sampling_follows_priorities_and_updates_them():
+  num_envs, slots = 4, 3
+  row = Transition(jnp.zeros((num_envs, 1)), jnp.zeros(num_envs, jnp.int32), jnp.zeros(num_envs),
+                   jnp.zeros(num_envs), jnp.zeros((num_envs, 1)))
+  ring = device_replay.ring_init(row, slots, prioritized=True)
+  for _ in range(2):  # 2 of 3 slots filled
+    ring = device_replay.ring_insert(ring, row, jnp.asarray(True))
+  assert np.all(np.asarray(ring.priority[:2]) == device_replay.INITIAL_PRIORITY)
+  priority = np.zeros((slots, num_envs), np.float32)
+  priority[0] = [1, 2, 3, 4]
+  priority[1] = [0, 0, 0, 10]
+  priority[2] = 100  # an unfilled slot: never drawn
+  ring = ring._replace(priority=jnp.asarray(priority))
+  slot, env, weights = device_replay.sample_prioritized(jax.random.PRNGKey(0), ring, (50, 400), 1.0, 0.5)
+  slot, env, weights = map(np.asarray, (slot, env, weights))
+  assert slot.max() <= 1 and not np.any((slot == 1) & (env < 3))
+  freq = np.bincount(slot.reshape(-1) * num_envs + env.reshape(-1), minlength=8)[:8] / slot.size
+  np.testing.assert_allclose(freq, priority[:2].reshape(-1) / 20.0, atol=0.01)
+  expected = (8 * priority[slot, env] / 20.0) ** -0.5
+  np.testing.assert_allclose(weights, expected / expected.max(axis=1, keepdims=True), rtol=1e-5)
+  updated = device_replay.update_priorities(ring, jnp.asarray([[0, 0]]), jnp.asarray([[1, 1]]),
+                                            jnp.asarray([[0.5, 0.25]]))
+  assert float(updated.priority[0, 1]) == 0.5 and float(updated.priority[0, 0]) == 1.0

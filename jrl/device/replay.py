@@ -16,10 +16,11 @@ env) and a uniform slot. With the env axis and the batch axis both split over
 the mesh's devices, every column's group lives on that column's device, so the
 gather runs locally on each device (`shard_map`), and the samples do not
 depend on the number of devices. Sampling is per transition (no blocks: there
-is no per-call cost to amortise on device).
+is no per-call cost to amortise on device). Prioritized replay draws over the
+whole buffer (inverse CDF of p^alpha) and gathers across devices.
 """
 
-from typing import NamedTuple, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -81,22 +82,55 @@ class Ring(NamedTuple):
   """FIFO replay of transition rows; leaves `[S, N, ...]`."""
   data: Transition
   rows: jax.Array  # [] int32 rows inserted so far
+  priority: Optional[jax.Array] = None  # [S, N] float32 (prioritized replay), else None
 
 
-def ring_init(example: Transition, slots: int) -> Ring:
+# New transitions enter with the priority the host's BlockWriter gives new items.
+INITIAL_PRIORITY = 1.0
+
+
+def ring_init(example: Transition, slots: int, prioritized: bool = False) -> Ring:
   """`example`: transitions [N, ...] of one vector step."""
+  num_envs = jax.tree_util.tree_leaves(example)[0].shape[0]
   return Ring(jax.tree_util.tree_map(lambda x: jnp.zeros((slots,) + x.shape, x.dtype), example),
-              jnp.zeros((), jnp.int32))
+              jnp.zeros((), jnp.int32), jnp.zeros((slots, num_envs), jnp.float32) if prioritized else None)
 
 
 def ring_insert(ring: Ring, row: Transition, valid: jax.Array) -> Ring:
   """Writes `row` at the next slot; counts it only when `valid` (the slot is reused otherwise)."""
   slots = jax.tree_util.tree_leaves(ring.data)[0].shape[0]
   slot = ring.rows % slots
-  data = jax.tree_util.tree_map(lambda store, x: jax.lax.dynamic_update_index_in_dim(store, x.astype(store.dtype),
-                                                                                       slot, 0),
-                                ring.data, row)
-  return Ring(data, ring.rows + valid.astype(jnp.int32))
+  put = lambda store, x: jax.lax.dynamic_update_index_in_dim(store, x.astype(store.dtype), slot, 0)
+  data = jax.tree_util.tree_map(put, ring.data, row)
+  priority = ring.priority
+  if priority is not None:
+    priority = put(priority, jnp.full(priority.shape[1:], INITIAL_PRIORITY, jnp.float32))
+  return Ring(data, ring.rows + valid.astype(jnp.int32), priority)
+
+
+def sample_prioritized(key: jax.Array, ring: Ring, lead: Tuple[int, int], priority_exponent: float,
+                       importance_exponent: float) -> Tuple[jax.Array, jax.Array, jax.Array]:
+  """(slot, env, weights) [U, B]: transitions drawn with probability p^alpha / sum p^alpha over the
+  stored ones (inverse CDF), and importance weights (size * P)^-beta normalised per batch, as
+  the seeded buffer and Reverb's prioritized sampler do, per transition instead of per block."""
+  slots, num_envs = ring.priority.shape
+  filled = jnp.minimum(ring.rows, slots)
+  stored = (jnp.arange(slots) < filled)[:, None]
+  p = jnp.where(stored, ring.priority ** priority_exponent, 0.0).reshape(-1)
+  cdf = jnp.cumsum(p)
+  total = cdf[-1]
+  flat = jnp.searchsorted(cdf, jax.random.uniform(key, lead) * total, side="right")
+  flat = jnp.clip(flat, 0, slots * num_envs - 1)
+  probability = p[flat] / total
+  weights = (jnp.maximum(filled * num_envs, 1) * probability) ** (-importance_exponent)
+  weights = weights / jnp.max(weights, axis=1, keepdims=True)
+  return flat // num_envs, flat % num_envs, weights.astype(jnp.float32)
+
+
+def update_priorities(ring: Ring, slot: jax.Array, env: jax.Array, td_abs: jax.Array) -> Ring:
+  """New priorities |TD| of the sampled transitions (the largest where one was drawn twice)."""
+  priority = ring.priority.at[slot, env].set(0.0).at[slot, env].max(td_abs.astype(jnp.float32))
+  return ring._replace(priority=priority)
 
 
 def check_sizes(num_envs: int, batch_size: int, num_devices: int) -> None:

@@ -173,8 +173,6 @@ def make_plan(exp: ExperimentConfig, parts: AgentParts, agent_cfg, num_devices: 
     iteration = rollouts * n * spec.sequence_length
     n_step = 1
   else:
-    if getattr(agent_cfg, "prioritized", False):
-      raise ConfigError("prioritized", "prioritized replay is not available on the device backend yet")
     device_replay.check_sizes(n, b, num_devices)
     rollouts, calls, iteration = 1, 0, n
     n_step = getattr(agent_cfg, "n_step", 1)
@@ -201,7 +199,8 @@ def carry_partition_specs(carry: Carry) -> Carry:
   rep = lambda t: _env_spec(t, ())
   window = None if carry.window is None else carry.window._replace(
       **{f: rows(getattr(carry.window, f)) for f in carry.window._fields if f != "steps"}, steps=P())
-  ring = None if carry.ring is None else device_replay.Ring(rows(carry.ring.data), P())
+  ring = None if carry.ring is None else device_replay.Ring(
+      rows(carry.ring.data), P(), None if carry.ring.priority is None else P(None, "data"))
   return Carry(env(carry.env_state), env(carry.obs), rep(carry.actor_state), rep(carry.learner_state),
                P(), P(), env(carry.episode_return), env(carry.episode_length), P(), window, ring)
 
@@ -270,7 +269,7 @@ class DeviceLoop:
       window = device_replay.window_init(self.plan.n_step, obs, action_example)
       _, row, _ = device_replay.window_add(window, obs, action_example, jnp.zeros(n), jnp.zeros(n, bool),
                                            jnp.zeros(n, bool), obs, self.gamma)
-      ring = device_replay.ring_init(row, max(1, self.spec.max_size // n))
+      ring = device_replay.ring_init(row, max(1, self.spec.max_size // n), self.spec.prioritized)
     return Carry(env_state, obs, self.policy.init(actor_key), learner_state, env_key, replay_key,
                  jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.int32), jnp.zeros((), jnp.int32), window, ring)
 
@@ -312,17 +311,26 @@ class DeviceLoop:
     lead = (self.updates_per_call, self.batch_size)
 
     def call(_, inner):
-      learner_state, calls, totals = inner
+      learner_state, calls, totals, priority = inner
       key = jax.random.fold_in(carry.replay_key, calls)
-      slot, env = device_replay.sample_indices(key, ring, lead, self.plan.num_envs)
-      data = self.gather(ring.data, slot, env)
-      batch = LearnerBatch(data, jnp.ones(lead, jnp.float32))
-      learner_state, metrics = self.multi_update(learner_state, batch)
-      return learner_state, calls + 1, self._add_metrics(totals, metrics)
+      if priority is None:
+        slot, env = device_replay.sample_indices(key, ring, lead, self.plan.num_envs)
+        data, weights = self.gather(ring.data, slot, env), jnp.ones(lead, jnp.float32)
+      else:
+        slot, env, weights = device_replay.sample_prioritized(key, ring._replace(priority=priority), lead,
+                                                              self.spec.priority_exponent,
+                                                              self.spec.importance_exponent)
+        data = jax.tree_util.tree_map(lambda x: x[slot, env], ring.data)  # across devices
+        data = jax.lax.with_sharding_constraint(data, jax.tree_util.tree_map(lambda _: self.batch_sharding, data))
+      learner_state, metrics = self.multi_update(learner_state, LearnerBatch(data, weights))
+      if priority is not None:
+        priority = device_replay.update_priorities(ring._replace(priority=priority), slot, env,
+                                                   metrics["priorities"]).priority
+      return learner_state, calls + 1, self._add_metrics(totals, metrics), priority
 
-    learner_state, calls, totals = jax.lax.fori_loop(
-        0, calls_due, call, (carry.learner_state, carry.learner_calls, self._zero_metrics()))
-    carry = carry._replace(learner_state=learner_state, learner_calls=calls)
+    learner_state, calls, totals, priority = jax.lax.fori_loop(
+        0, calls_due, call, (carry.learner_state, carry.learner_calls, self._zero_metrics(), ring.priority))
+    carry = carry._replace(learner_state=learner_state, learner_calls=calls, ring=ring._replace(priority=priority))
     return carry, {**stats, "calls": calls_due.astype(jnp.int32), **totals}
 
   def _on_policy_iteration(self, carry: Carry, _):
