@@ -4,6 +4,11 @@
   actor x N --insert--> replay --sample--> learner
   actor --obs bytes--> inference server x M (inference=server) --params-- learner
   evaluator: evaluates, prints progress, writes summary.json, stops the program at the budget
+
+Under local_mp each node is a process of launch/supervisor.py: actors, evaluator
+and inference servers are restarted when they fail (up to max_restarts each),
+any other failure stops the program; servers listen on JRL_BIND_ADDRESS
+(127.0.0.1 by default, launch/loopback.py).
 """
 
 from jrl import compat
@@ -12,20 +17,21 @@ compat.import_jax_probability()  # before anything imports TensorFlow
 
 import dataclasses
 import functools
-import glob
 import json
 import os
 import threading
 from typing import Any, Dict
 
 import launchpad as lp
-from launchpad.launch.run_locally import launch_local_output_to_files as output_to_files
 
 from jrl.errors import ConfigError
 from jrl.experiment.builder import build_agent_parts
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.runner import write_json
-from launch import nodes
+from launch import loopback, nodes, supervisor
+
+# Nodes that hold no state others depend on: restarted when they fail.
+RESTARTABLE_GROUPS = ("actor", "evaluator", "inference")
 
 
 def build_program(exp: ExperimentConfig, agent_cfg, run_dir: str) -> lp.Program:
@@ -42,7 +48,7 @@ def build_program(exp: ExperimentConfig, agent_cfg, run_dir: str) -> lp.Program:
       for server_id in range(exp.num_inference_servers):
         assigned = len(range(server_id, exp.num_actors, exp.num_inference_servers))
         servers.append(program.add_node(lp.CourierNode(nodes.InferenceNode, exp, agent_cfg, learner, assigned,
-                                                       server_id)))
+                                                       server_id, counter)))
   with program.group("actor"):
     for actor_id in range(exp.num_actors):
       server = servers[actor_id % len(servers)] if servers else None
@@ -78,34 +84,12 @@ class _ProgressEcho(threading.Thread):
     self._stop.set()
 
 
-# When a node dies its peers often fail next (their calls to it break); report the
-# node whose failure explains the others: services before their clients.
-FAILURE_BLAME_ORDER = ("learner", "replay", "inference", "counter", "evaluator", "actor")
-
-
-def failed_node_report(log_dir: str, max_lines: int = 25) -> str:
-  """The traceback of the failed node that explains the others: which node, and its error."""
-  def blame(path):
-    group = os.path.relpath(path, log_dir).split(os.sep)[0]
-    return (FAILURE_BLAME_ORDER.index(group) if group in FAILURE_BLAME_ORDER else len(FAILURE_BLAME_ORDER),
-            os.path.getmtime(path))
-
-  logs = [p for p in glob.glob(os.path.join(log_dir, "**", "*"), recursive=True) if os.path.isfile(p)]
-  for path in sorted(logs, key=blame):
-    with open(path, errors="replace") as f:
-      lines = f.read().splitlines()
-    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback")]
-    if starts:
-      node = os.path.relpath(path, log_dir)
-      return f"node {node} failed:\n" + "\n".join(lines[starts[-1]:][-max_lines:])
-  return "a node exited with an error but left no traceback in " + log_dir
-
-
 def run_distributed(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   """Launches the program and waits for it; raises RuntimeError naming the node that failed."""
   build_agent_parts(exp.agent, exp.env, agent_cfg)  # config errors surface here, before any process starts
   if exp.inference == "server" and exp.num_inference_servers > exp.num_actors:
     raise ConfigError("num_inference_servers", f"must be <= num_actors ({exp.num_actors})")
+  node_env = loopback.node_env(loopback.bind_address()) if exp.lp_launch_type == "local_mp" else {}
   run_dir = os.path.abspath(exp.run_dir or exp.default_run_dir())
   log_dir = os.path.join(run_dir, "logs")
   os.makedirs(log_dir, exist_ok=True)
@@ -113,27 +97,25 @@ def run_distributed(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
              {"experiment": dataclasses.asdict(exp), "agent": dataclasses.asdict(agent_cfg)})
   program = build_program(exp, agent_cfg, run_dir)
   if exp.lp_launch_type == "local_mp":
-    # One process per node, each node's output in logs/<group>/<index>; exit codes are watched.
-    output_to_files._LOGGING_DIR = log_dir  # read at import time from LAUNCHPAD_LOGGING_DIR otherwise
-    manager = lp.launch(program, launch_type=lp.LaunchType.LOCAL_MULTI_PROCESSING, terminal="output_to_files")
+    policy = supervisor.RestartPolicy(RESTARTABLE_GROUPS, exp.max_restarts, exp.restart_backoff_seconds)
+    manager = supervisor.launch(program, run_dir, policy, node_env)
     echo = _ProgressEcho(os.path.join(log_dir, "evaluator", "0"))
+    echo.start()
   else:
     manager = lp.launch(program, launch_type=lp.LaunchType.LOCAL_MULTI_THREADING, serialize_py_nodes=False)
     echo = None
-  if echo:
-    echo.start()
   try:
-    manager.wait()  # raises on the first node failure, after stopping the others
-  except RuntimeError as e:
-    report = failed_node_report(log_dir) if exp.lp_launch_type == "local_mp" else str(e)
-    raise RuntimeError(report) from e
+    manager.wait()  # local_mp: until every process has ended; raises NodeFailure (a RuntimeError) with the report
   finally:
     if echo:
       echo.stop()
+  restarts = dict(getattr(manager, "restarts", {}))
   summary_path = os.path.join(run_dir, "summary.json")
   if not os.path.exists(summary_path):
     raise RuntimeError("the program stopped before the evaluator wrote summary.json")
   with open(summary_path) as f:
     summary = json.load(f)
+  summary.update(restarts=restarts, restarts_total=sum(restarts.values()))
+  write_json(summary_path, summary)
   summary["run_dir"] = run_dir
   return summary

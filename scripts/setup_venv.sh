@@ -46,5 +46,8 @@ echo "[setup] installing pinned stack from requirements-lock.txt"
 # gymnax (device backend) declares gymnasium<1.4; its real needs are in the lock.
 .venv/bin/python -m pip install -q --no-deps -r requirements-nodeps.txt
 .venv/bin/python -m pip install -q --no-deps -e .
+# The loopback shim of local distributed launches (launch/loopback.c); built on first use otherwise.
+.venv/bin/python -m launch.loopback >/dev/null \
+  || echo "[setup] note: loopback shim not built (no C compiler?); distributed launches will say what to do"
 stamp_text > "$STAMP"
 echo "[setup] done"

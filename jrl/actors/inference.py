@@ -72,6 +72,14 @@ class BatchedInference:
       raise RuntimeError(f"inference failed: {request.error}")
     return encode({"action": request.action, "extras": request.extras, "version": self.version})
 
+  def state(self) -> Any:
+    """The policy state of every actor's slot (leading axis: actor)."""
+    return jax.device_get(self._states)
+
+  def restore(self, state: Any) -> None:
+    """Replaces the slots' policy state; call before `serve`."""
+    self._states = jax.device_put(state)
+
   def stats(self) -> Dict[str, float]:
     total = sum(self.batch_size_counts.values())
     mean = sum(k * v for k, v in self.batch_size_counts.items()) / total if total else 0.0

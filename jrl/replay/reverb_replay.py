@@ -5,7 +5,7 @@ The only module of the core that imports reverb (and so TensorFlow).
 
 import threading
 import time
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 from jrl import compat
 
@@ -17,12 +17,17 @@ import tensorflow as tf
 import tree
 
 from jrl.errors import Stopped
+from jrl.outage import Outage, ServiceLost
 from jrl.replay.buffer import SampledItems
 from jrl.replay.spec import ReplaySpec
 
 TABLE = "replay"
 # Seconds an insert may wait on the server before we call the server dead or stuck.
 INSERT_TIMEOUT_MS = 60_000
+# An insert unconfirmed this long asks the server whether it is there, at most this often.
+PROBE_AFTER_S = 1.0
+PROBE_EVERY_S = 2.0
+PROBE_TIMEOUT_S = 1  # whole seconds: reverb's server_info takes an int
 
 tf.config.set_visible_devices([], "GPU")  # TF only moves bytes here; keep GPUs for JAX.
 
@@ -66,14 +71,27 @@ def start_server(tables, port: Optional[int] = None, checkpoint_dir: Optional[st
 
 
 class ReverbItemWriter:
-  """Writes one item per block of transitions (one append, one create_item)."""
+  """Writes one item per block of transitions (one append, one create_item).
+
+  Reverb's writer reconnects to a server that went away and resends what it had
+  not confirmed; this class waits that out. An insert unconfirmed for
+  PROBE_AFTER_S asks the server for its info: no answer is an outage (logged
+  once per interval, ServiceLost after `deadline_s`), an answer means the
+  table's rate limiter holds the insert (ServiceLost too once that has lasted
+  `deadline_s`: nobody samples). Creating one waits for the server, however
+  long, to fetch the table's signature.
+  """
 
   def __init__(self, client: reverb.Client, table: str = TABLE, max_in_flight_items: int = 8,
-               stop: Optional[threading.Event] = None):
+               stop: Optional[threading.Event] = None, deadline_s: float = INSERT_TIMEOUT_MS / 1000,
+               log: Callable[[str], None] = print):
+    self._client = client
     self._writer = client.trajectory_writer(num_keep_alive_refs=1)
     self._stop = stop
     self._table = table
     self._max_in_flight = max_in_flight_items
+    self._deadline_s = deadline_s
+    self._outage = Outage(f"replay server {client.server_address}", deadline_s, log)
     self.items_inserted = 0
 
   def insert(self, block, priority: float) -> None:
@@ -86,17 +104,35 @@ class ReverbItemWriter:
   def _flush(self, max_in_flight: int) -> None:
     """Waits (in short slices, so that a stop request is seen) until at most
     `max_in_flight` items are unconfirmed."""
-    deadline = time.monotonic() + INSERT_TIMEOUT_MS / 1000
+    stalled_since, next_probe = time.monotonic(), 0.0
     while True:
       try:
         self._writer.flush(max_in_flight, timeout_ms=200)
+        self._outage.ok()
         return
       except reverb.errors.DeadlineExceededError as e:
         if self._stop is not None and self._stop.is_set():
           raise Stopped("stop requested while waiting on replay inserts") from e
-        if time.monotonic() > deadline:
-          raise RuntimeError(f"replay server accepted no insert for {INSERT_TIMEOUT_MS / 1000:.0f}s "
-                             "(dead, or blocked by its rate limiter)") from e
+        now = time.monotonic()
+        if now - stalled_since < PROBE_AFTER_S or now < next_probe:
+          continue
+        next_probe = now + PROBE_EVERY_S
+        unreachable = self._probe()
+        if unreachable:
+          self._outage.failing(unreachable, since=stalled_since)
+          continue
+        self._outage.ok()
+        if now - stalled_since >= self._deadline_s:
+          raise ServiceLost(f"{self._outage.service} accepted no insert for {now - stalled_since:.0f}s though it "
+                            "answers: its rate limiter holds inserts (is the learner sampling?)") from e
+
+  def _probe(self) -> Optional[str]:
+    """None if the server answers, else why not."""
+    try:
+      self._client.server_info(timeout=PROBE_TIMEOUT_S)
+      return None
+    except Exception as e:  # any failure to answer counts as unreachable
+      return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
 
   def flush(self) -> None:
     """Blocks until every created item has reached the server."""

@@ -1,0 +1,235 @@
+"""Runs the node processes of a local_mp program and restarts those that may be restarted.
+
+Launchpad's local_mp launch turns each node into a command (its process entry
+with `--lp_task_id`) and hands them to the launcher registered for `terminal`
+in `run_locally`. `launch()` registers `Supervisor` there: a WorkerManager, so
+Launchpad's stopping is kept (`lp.stop()` in a node SIGTERMs this process, as
+does Ctrl-C; the nodes get SIGTERM, then SIGKILL after
+`lp_termination_notice_secs`), that also keeps each node's command,
+environment and log. A node of a restartable group that exits with an error
+or a signal is started again after a backoff (doubling with each restart of
+that node) up to `max_restarts` times; it reruns the same command, so its
+servers bind the same ports and clients reconnect, and `JRL_INCARNATION` tells
+it how many times it has been restarted (JRL_RUN_DIR, which run it belongs to). Any other failure, or one past the
+limit, stops the program; `wait()` raises NodeFailure, naming the node, once
+every process has ended. A node that exits cleanly (status 0) is not restarted.
+
+Files: node output in RUN_DIR/logs/<group>/<index> (appended to on restart,
+after a marker line), the current pid of each node in
+RUN_DIR/logs/pids/<group>-<index>, one row per restart in
+RUN_DIR/metrics/restarts.csv.
+"""
+
+import csv
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from absl import flags
+import launchpad as lp
+from launchpad.launch import worker_manager
+from launchpad.launch.run_locally import run_locally
+
+INCARNATION_ENV = "JRL_INCARNATION"
+RUN_DIR_ENV = "JRL_RUN_DIR"  # in every node's environment: finds a run's processes
+TERMINAL = "jrl_supervised"
+# When several nodes fail at once, the one that explains the others: services before their clients.
+BLAME_ORDER = ("learner", "replay", "inference", "counter", "evaluator", "actor")
+POLL_SECONDS = 0.1
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartPolicy:
+  groups: Tuple[str, ...] = ()  # groups whose nodes are restarted when they fail
+  max_restarts: int = 0         # per node
+  backoff_seconds: float = 1.0  # before the first restart of a node; doubles with each one
+
+  def delay(self, restart: int) -> float:
+    return self.backoff_seconds * 2 ** (restart - 1)
+
+
+def describe_exit(returncode: int) -> str:
+  if returncode < 0:
+    try:
+      return f"killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+      return f"killed by signal {-returncode}"
+  return f"exit code {returncode}"
+
+
+def last_traceback(path: str, offset: int = 0, max_lines: int = 25) -> Optional[str]:
+  """The last Python traceback written to `path` after byte `offset` (not counting
+  the 'Exception ignored in' noise of interpreter shutdown)."""
+  try:
+    with open(path, "rb") as f:
+      f.seek(offset)
+      lines = f.read().decode(errors="replace").splitlines()
+  except OSError:
+    return None
+  starts = [i for i, line in enumerate(lines) if line.startswith("Traceback")
+            and not (i > 0 and lines[i - 1].startswith("Exception ignored in"))]
+  if not starts:
+    return None
+  block = lines[starts[-1]:]
+  end = next((i for i, line in enumerate(block) if not line.strip() or line.startswith("Exception ignored in")),
+             len(block))
+  return "\n".join(block[:end][-max_lines:])
+
+
+class NodeFailure(RuntimeError):
+  """A node failed and the program was stopped; the message is the report."""
+
+  def __init__(self, node: str, cause: str, log_path: str, traceback: Optional[str],
+               restarts: Optional[int] = None):
+    self.node, self.cause, self.log_path, self.restarts = node, cause, log_path, restarts
+    after = f" after {restarts} restart{'s' if restarts != 1 else ''} (max_restarts)" if restarts is not None else ""
+    detail = f":\n{traceback}" if traceback else f"; no traceback in its log {log_path}"
+    super().__init__(f"node {node} failed ({cause}){after}{detail}")
+
+
+@dataclasses.dataclass
+class _Node:
+  name: str                  # "<group>/<index>"
+  command: List[str]
+  env: Dict[str, str]
+  log_path: str
+  incarnation: int = 0       # restarts so far
+  log_start: int = 0         # where this incarnation's output begins in the log
+
+  @property
+  def group(self) -> str:
+    return self.name.split("/")[0]
+
+
+def _blame_rank(group: str) -> int:
+  return BLAME_ORDER.index(group) if group in BLAME_ORDER else len(BLAME_ORDER)
+
+
+class Supervisor(worker_manager.WorkerManager):
+  """Starts the commands, each node's output in its log; restarts per `policy`."""
+
+  def __init__(self, commands: Sequence, run_dir: str, policy: RestartPolicy, env: Dict[str, str]):
+    if not flags.FLAGS.is_parsed():  # WorkerManager reads lp_termination_notice_secs (lp.launch parses them too)
+      flags.FLAGS(sys.argv, known_only=True)
+    super().__init__(kill_main_thread=False)  # the launcher outlives its nodes to report on them
+    self._policy, self._run_dir = policy, run_dir
+    self._log_dir = os.path.join(run_dir, "logs")
+    self._pid_dir = os.path.join(self._log_dir, "pids")
+    self._restart_log = os.path.join(run_dir, "metrics", "restarts.csv")
+    self._nodes: Dict[int, _Node] = {}  # by pid of the running process
+    self._pending: Dict[str, Tuple[float, _Node]] = {}  # restarts waiting out their backoff
+    self.restarts: Dict[str, int] = {}
+    self.failure: Optional[NodeFailure] = None
+    os.makedirs(self._pid_dir, exist_ok=True)
+    try:
+      for command in commands:
+        name = command.title
+        self._spawn(_Node(name, list(command.command_as_list), {**command.env_overrides, **env},
+                          os.path.join(self._log_dir, name)))
+    except BaseException:
+      self._kill()
+      raise
+
+  def _spawn(self, node: _Node) -> None:
+    os.makedirs(os.path.dirname(node.log_path), exist_ok=True)
+    with open(node.log_path, "a" if node.incarnation else "w") as log:
+      if node.incarnation:
+        log.write(f"\n[supervisor] {time.strftime('%Y-%m-%d %H:%M:%S')} restart {node.incarnation} of {node.name}\n")
+        log.flush()
+      node.log_start = log.tell()
+      env = {**os.environ, **node.env, INCARNATION_ENV: str(node.incarnation), RUN_DIR_ENV: self._run_dir}
+      process = subprocess.Popen(node.command, env=env, stdout=log, stderr=log)
+    self._nodes[process.pid] = node
+    self._active_workers[node.name].append(process)
+    self._workers_count[node.name] += 1
+    pid_file = os.path.join(self._pid_dir, node.name.replace("/", "-"))
+    with open(pid_file + ".tmp", "w") as f:
+      f.write(f"{process.pid}\n")
+    os.replace(pid_file + ".tmp", pid_file)
+    if self._stop_event.is_set():  # a stop came in while it was starting
+      process.send_signal(signal.SIGTERM)
+
+  def _record_restart(self, node: _Node, returncode: int, restart: int, delay: float) -> None:
+    os.makedirs(os.path.dirname(self._restart_log), exist_ok=True)
+    new = not os.path.exists(self._restart_log)
+    with open(self._restart_log, "a", newline="") as f:
+      writer = csv.writer(f)
+      if new:
+        writer.writerow(["time", "node", "exit_code", "signal", "restart", "delay_seconds"])
+      writer.writerow([f"{time.time():.3f}", node.name, returncode if returncode >= 0 else "",
+                       signal.Signals(-returncode).name if returncode < 0 else "", restart, f"{delay:g}"])
+
+  def _failed(self, node: _Node, returncode: int) -> None:
+    cause = describe_exit(returncode)
+    restartable = node.group in self._policy.groups
+    done = self.restarts.get(node.name, 0)
+    if restartable and done < self._policy.max_restarts:
+      restart = done + 1
+      self.restarts[node.name] = restart
+      delay = self._policy.delay(restart)
+      self._pending[node.name] = (time.monotonic() + delay,
+                                  dataclasses.replace(node, incarnation=restart))
+      self._record_restart(node, returncode, restart, delay)
+      print(f"[supervisor] {node.name} {cause}; restart {restart}/{self._policy.max_restarts} in {delay:g}s",
+            flush=True)
+      return
+    self.failure = NodeFailure(node.name, cause, node.log_path, last_traceback(node.log_path, node.log_start),
+                               restarts=done if restartable else None)
+    self._pending.clear()
+
+  def _check_workers(self):
+    """Reaps exited nodes, restarts or fails them, starts restarts that are due. Holds self._mutex."""
+    stopping = self._stop_event.is_set()
+    exited = []
+    for label, workers in self._active_workers.items():
+      running = []
+      for process in workers:
+        returncode = process.poll()
+        if returncode is None:
+          running.append(process)
+        else:
+          exited.append((self._nodes.pop(process.pid), returncode))
+      self._active_workers[label] = running
+    if stopping:
+      self._pending.clear()  # never restart once the program is stopping
+    else:
+      for node, returncode in sorted(exited, key=lambda e: _blame_rank(e[0].group)):
+        if returncode != 0 and self.failure is None:
+          self._failed(node, returncode)
+      now = time.monotonic()
+      for name, (due, node) in list(self._pending.items()):
+        if due <= now:
+          del self._pending[name]
+          self._spawn(node)
+    running = any(self._active_workers.values())
+    if self.failure is not None and running and not stopping:
+      self._stop()
+    elif not running and not self._pending:
+      self._disable_alarm()
+
+  def wait(self, labels_to_wait_for=None, raise_error=True, return_on_first_completed=False):
+    """Until every node has ended and no restart is pending; then raises the failure, if any."""
+    del labels_to_wait_for, return_on_first_completed
+    while True:
+      with self._mutex:
+        self._check_workers()
+        if not any(self._active_workers.values()) and not self._pending:
+          break
+      time.sleep(POLL_SECONDS)
+    if self.failure is not None and raise_error:
+      raise self.failure
+
+
+def launch(program: lp.Program, run_dir: str, policy: RestartPolicy, env: Dict[str, str]) -> Supervisor:
+  """Launches `program` with local_mp, one supervised process per node; `env` is added to each."""
+  run_locally._LOCAL_LAUNCHER_MAP[TERMINAL] = lambda commands: Supervisor(commands, run_dir, policy, env)
+  if TERMINAL not in run_locally.SEPARATE_TERMINAL_MODES:
+    run_locally.SEPARATE_TERMINAL_MODES += (TERMINAL,)
+  try:
+    return lp.launch(program, launch_type=lp.LaunchType.LOCAL_MULTI_PROCESSING, terminal=TERMINAL)
+  finally:
+    del run_locally._LOCAL_LAUNCHER_MAP[TERMINAL]
