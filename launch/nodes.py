@@ -19,7 +19,7 @@ import csv
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import jax
 import launchpad as lp
@@ -150,9 +150,10 @@ class ServiceCall:
   the first answer the service may still be starting, and the call waits.
   """
 
-  def __init__(self, client, method: str, service: str, deadline_s: float):
-    self._client, self._method = client, method
-    self._outage = Outage(service, deadline_s, log)
+  def __init__(self, client, method: str, service: str, deadline_s: float, stop: threading.Event,
+               log_fn: Optional[Callable[[str], None]] = None):
+    self._client, self._method, self._stop = client, method, stop
+    self._outage = Outage(service, deadline_s, log_fn or log)
     self._answered = False
 
   def __call__(self, *args):
@@ -166,7 +167,7 @@ class ServiceCall:
         raise
       except Exception as e:  # the call failed: retry until the deadline
         self._outage.failing(f"{type(e).__name__}: {e}")
-        if lp.stop_event().wait(backoff):
+        if self._stop.wait(backoff):
           raise Stopped("program stopping")
         backoff = min(2 * backoff, 2.0)
         continue
@@ -179,7 +180,7 @@ class ServiceCall:
       try:
         return future.result(timeout=0.05)
       except concurrent.futures.TimeoutError:
-        if lp.stop_event().is_set():
+        if self._stop.is_set():
           future.cancel()
           raise Stopped("program stopping")
         waited = time.monotonic() - start
@@ -287,7 +288,7 @@ class ActorNode:
     else:
       server_id = self._id % exp.num_inference_servers
       infer = ServiceCall(self._inference, "infer", f"inference server inference/{server_id} "
-                          f"({self._inference.address})", exp.service_deadline_seconds)
+                          f"({self._inference.address})", exp.service_deadline_seconds, lp.stop_event())
       policy = InferenceClient(infer, self._id // exp.num_inference_servers)
     writer = reverb_replay.ReverbItemWriter(self._replay, stop=lp.stop_event(),
                                             deadline_s=exp.service_deadline_seconds, log=log)

@@ -254,6 +254,41 @@ def test_replay_writer_waits_out_a_lost_server_and_gives_up_after_its_deadline()
   assert len(lines) == 1, lines  # one line per interval, not one per failed flush
 
 
+def test_service_call_waits_out_a_lost_courier_server_and_gives_up_after_its_deadline():
+  import courier
+  import portpicker
+  from jrl.outage import ServiceLost
+  from launch.nodes import ServiceCall
+
+  port, lines, stop = portpicker.pick_unused_port(), [], threading.Event()
+
+  def serve():
+    server = courier.Server(port=port)
+    server.Bind("echo", lambda x: x)
+    server.Start()
+    return server
+
+  server = serve()
+  call = ServiceCall(courier.Client(f"localhost:{port}"), "echo", "echo server", 30.0, stop, lines.append)
+  assert call(b"a") == b"a"
+  server.Stop()
+  restarted = []
+  threading.Timer(3.0, lambda: restarted.append(serve())).start()
+  assert call(b"b") == b"b"  # waits until a server listens on the port again
+  assert len(lines) == 2 and lines[0].startswith("echo server lost (no reply for 2s)"), lines
+  assert lines[1].startswith("echo server back after"), lines
+
+  lines.clear()
+  call = ServiceCall(courier.Client(f"localhost:{port}"), "echo", "echo server", 3.0, stop, lines.append)
+  assert call(b"c") == b"c"
+  restarted[0].Stop()
+  start = time.monotonic()
+  with pytest.raises(ServiceLost, match="echo server lost for 3s .*service_deadline_seconds=3"):
+    call(b"d")
+  assert 3.0 <= time.monotonic() - start < 5.0
+  assert len(lines) == 1, lines
+
+
 def test_loopback_shim_keeps_reverb_and_courier_servers_on_the_bind_address():
   script = ("import distrax, rlax, reverb, courier, portpicker, psutil, tensorflow as tf, os\n"
             "r = reverb.Server([reverb.Table.queue('q', 10, signature=tf.TensorSpec([1], tf.float32))])\n"
