@@ -201,7 +201,7 @@ def test_servers_listen_on_loopback_only_and_a_killed_learner_ends_the_program(t
 
 
 def test_an_actor_failing_past_max_restarts_ends_the_program_naming_it(tmp_path):
-  program = Program(tmp_path / "run", [*SMALL, "--steps", "100000", "--num_actors", "2", "--inference", "actor",
+  program = Program(tmp_path / "run", [*SMALL, "--steps", "100000", "--num_actors", "1", "--inference", "actor",
                                        "--crash_actor_after", "400", "--max_restarts", "1",
                                        "--restart_backoff_seconds", "0.2"])
   try:
