@@ -1,6 +1,7 @@
 """Learner shell: batches -> jitted multi-step update -> parameters and priorities."""
 
 import hashlib
+import threading
 from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import jax
@@ -51,6 +52,7 @@ class Learner:
     self.steps = 0   # SGD updates done
     self.version = 0  # learner calls done
     self._served = (-1, None)  # (version, params) last handed out
+    self._lock = threading.Lock()  # state, steps and version change together (see `snapshot`)
 
   @property
   def state(self):
@@ -64,14 +66,21 @@ class Learner:
 
   def step(self) -> Dict[str, float]:
     prepared = next(self._batches)
-    self._state, metrics = self._update_many(self._state, sharding.put_batch(prepared.batch, self.mesh))
+    state, metrics = self._update_many(self._state, sharding.put_batch(prepared.batch, self.mesh))
     priorities = metrics.pop("priorities", None)
     if self._update_priorities is not None and priorities is not None:
       self._update_priorities(item_priorities(self._local_rows(np.asarray(priorities)), prepared.item_keys,
                                               prepared.item_index))
-    self.steps += int(prepared.batch.weights.shape[0])
-    self.version += 1
+    with self._lock:
+      self._state = state
+      self.steps += int(prepared.batch.weights.shape[0])
+      self.version += 1
     return {k: float(np.mean(v)) for k, v in jax.device_get(metrics).items()}
+
+  def snapshot(self) -> Tuple[object, int, int]:
+    """(state, steps, version) of one moment, from any thread (e.g. a checkpoint request)."""
+    with self._lock:
+      return self._state, self.steps, self.version
 
   @staticmethod
   def _local_rows(priorities: np.ndarray) -> np.ndarray:
