@@ -112,7 +112,6 @@ def subprocess_run(kind: str, args, cache_dir: str) -> dict:
 def raw_rollouts(num_envs: int, length: int = 128, repeats: int = 20) -> dict:
   """env-steps/s of gymnax CartPole: random actions, and PPO's policy network acting."""
   import jax
-  import jax.numpy as jnp
   from jrl.agents import ppo
   from jrl.device.envs import GymnaxVecEnv
 
