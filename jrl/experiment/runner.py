@@ -200,6 +200,7 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
                        restore_from=Checkpointer.replay_dir(resume_info) if resume_info else None)
   learner = Learner(agent.make_learner(networks, agent_cfg), learner_key, replay.batches,
                     replay.update_priorities if replay_spec.prioritized else None, mesh=mesh)
+  initial_digest = params_digest(learner.get_variables()[0])  # the same embedded and distributed for a seed
   block_writer = make_block_writer(replay_spec, replay.writer)
   adder = make_adder(replay_spec, exp.num_envs, agent_cfg)
   variables = VariableClient(learner)
@@ -348,7 +349,7 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
       "wall_seconds": round(wall, 3), **loop.history.summary(),
       "learner_devices": int(mesh.devices.size), "learner_processes": jax.process_count(),
       "resumed": saved is not None, "checkpoints": [os.path.basename(p) for p in checkpointer.all()],
-      "params_digest": params_digest(final_params),
+      "initial_params_digest": initial_digest, "params_digest": params_digest(final_params),
   }
   write_json(os.path.join(run_dir, SUMMARY_FILE), summary)
   plots.plot_learning_curve(run_dir, f"{exp.agent} on {exp.env}, seed {exp.seed}", threshold)
