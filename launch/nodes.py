@@ -15,8 +15,10 @@ from jrl import compat
 compat.import_jax_probability()  # before anything imports TensorFlow
 
 import concurrent.futures
-import csv
+import dataclasses
 import os
+import shutil
+import signal
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
@@ -32,14 +34,17 @@ from jrl.actors.inference import BatchedInference, InferenceClient
 from jrl.actors.variables import VariableClient
 from jrl.errors import Stopped
 from jrl.experiment import plots
+from jrl.experiment.bookkeeping import EvalHistory
 from jrl.experiment.builder import (build_agent_parts, example_item, items_per_fetch, make_adder, make_block_writer,
                                     success_threshold)
+from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule
 from jrl.experiment.config import ExperimentConfig
+from jrl.experiment.files import CHECKPOINTS_DIR, SUMMARY_FILE, write_json
 from jrl.experiment.logging import MetricsLogger, Progress
-from jrl.experiment.files import write_json
-from jrl.experiment.runner import reverb_batches
-from jrl.learners import sharding
+from jrl.experiment.runner import REVERB_REPLAY_DIR, reverb_batches
+from jrl.learners import distributed, sharding
 from jrl.learners.learner import Learner, params_digest
+from jrl.policies import save_policy
 from jrl.outage import Outage, ServiceLost
 from jrl.replay import reverb_replay
 from launch.supervisor import INCARNATION_ENV, RUN_DIR_ENV
@@ -51,12 +56,29 @@ STATS_TIMEOUT_SECONDS = 10.0
 REPLY_PATIENCE_SECONDS = 2.0
 
 
-class Counter:
-  """Shared counts, summed with `increment`."""
+@dataclasses.dataclass(frozen=True)
+class Session:
+  """What a node needs to know about this launch of the program beyond its config."""
+  run_dir: str
+  number: int = 0                 # 0 for a new run, n for its n-th resume
+  checkpoint: Optional[str] = None  # the checkpoint a resumed program starts from
 
-  def __init__(self):
+
+# The learner logs the digest of its parameters every this many calls: the processes
+# of a multi-process learner must show the same digest at the same version.
+DIGEST_EVERY = 50
+REVERB_SCRATCH = ".reverb"  # under checkpoints/: where the replay node writes Reverb checkpoints
+
+
+class Counter:
+  """The program's shared bookkeeping: counts summed with `increment` (env steps,
+  episodes, learner steps, wall seconds, ...) and the evaluation history. It
+  outlives every restartable node and goes into checkpoints (`snapshot`)."""
+
+  def __init__(self, initial: Optional[Dict[str, Any]] = None):
     self._lock = threading.Lock()
-    self._counts: Dict[str, float] = {}
+    self._counts: Dict[str, float] = dict((initial or {}).get("counts", {}))
+    self._eval_history: Optional[Dict[str, Any]] = (initial or {}).get("eval_history")
 
   def increment(self, **deltas) -> Dict[str, float]:
     with self._lock:
@@ -67,6 +89,25 @@ class Counter:
   def get_counts(self) -> Dict[str, float]:
     with self._lock:
       return dict(self._counts)
+
+  def set_eval_history(self, state: Dict[str, Any]) -> None:
+    with self._lock:
+      self._eval_history = state
+
+  def get_eval_history(self) -> Optional[Dict[str, Any]]:
+    with self._lock:
+      return self._eval_history
+
+  def snapshot(self) -> Dict[str, Any]:
+    with self._lock:
+      return {"counts": dict(self._counts), "eval_history": self._eval_history}
+
+
+def reverb_checkpointer(run_dir: str, restore_from: Optional[str]):
+  """The replay node's checkpointer: writes under checkpoints/.reverb (the learner moves each
+  checkpoint into the run's own); a resumed program's tables start from `restore_from`."""
+  return reverb_replay.reverb.checkpointers.DefaultCheckpointer(
+      os.path.join(run_dir, CHECKPOINTS_DIR, REVERB_SCRATCH), fallback_checkpoint_path=restore_from)
 
 
 def make_replay_tables(exp: ExperimentConfig, agent_cfg):
@@ -93,11 +134,23 @@ def incarnation() -> int:
   return int(os.environ.get(INCARNATION_ENV, "0"))
 
 
-def node_seeds(seed: int, role: str, index: int) -> seeding.NodeSeeds:
-  """Env seed and key of this incarnation of a node: a restarted one does not replay its predecessor's episodes."""
+def node_seeds(seed: int, role: str, index: int, session: int = 0) -> seeding.NodeSeeds:
+  """Env seed and key of this incarnation of a node in this session of the run: a restarted
+  or resumed one does not replay its predecessor's episodes."""
   key = seeding.node_key(seed, role, index)
-  return seeding.NodeSeeds(seeding.env_seed(seed, role, index, incarnation()),
-                           jax.random.fold_in(key, incarnation()) if incarnation() else key)
+  fresh = 1_000 * session + incarnation()
+  return seeding.NodeSeeds(seeding.env_seed(seed, role, index, fresh),
+                           jax.random.fold_in(key, fresh) if fresh else key)
+
+
+def continues(session: Session) -> bool:
+  """Whether this node continues earlier work: restarted, or part of a resumed run."""
+  return bool(incarnation() or session.number)
+
+
+def host_name() -> str:
+  """The placement's name of this host (multi-host launches), else 'local'."""
+  return os.environ.get("JRL_HOST", "local")
 
 
 def log(text: str) -> None:
@@ -114,11 +167,12 @@ def continued_exploration(state: Any, env_steps: float) -> Any:
   return state._replace(env_steps=np.full(np.shape(state.env_steps), int(env_steps), np.asarray(state.env_steps).dtype))
 
 
-def metrics_logger(run_dir: str, role: str, **kwargs) -> MetricsLogger:
-  """The node's metrics; a restarted node appends to its predecessor's rows."""
-  path = os.path.join(run_dir, "metrics", f"{role}.csv")
-  resume_from = os.path.getsize(path) if incarnation() and os.path.exists(path) else None
-  return MetricsLogger(run_dir, role, resume_from=resume_from, **kwargs)
+def metrics_logger(session: Session, role: str, **kwargs) -> MetricsLogger:
+  """The node's metrics; a restarted or resumed node appends to its predecessor's rows
+  (a resumed run has cut them back to its checkpoint)."""
+  path = os.path.join(session.run_dir, "metrics", f"{role}.csv")
+  resume_from = os.path.getsize(path) if continues(session) and os.path.exists(path) else None
+  return MetricsLogger(session.run_dir, role, resume_from=resume_from, **kwargs)
 
 
 def exit_soon_after_stop(grace_seconds: float = 5.0) -> None:
@@ -209,12 +263,20 @@ class AsyncRemoteVariables:
 
 
 class LearnerNode:
-  """Samples replay, updates, serves `get_variables()` -> (params as numpy, version)."""
+  """Samples replay, updates, serves `get_variables()` -> (params as numpy, version).
 
-  def __init__(self, exp: ExperimentConfig, agent_cfg, replay, counter, run_dir: str):
-    self._exp, self._cfg, self._replay, self._counter, self._run_dir = exp, agent_cfg, replay, counter, run_dir
+  A learner of P processes (`exp.num_processes`) is P of these nodes joined by
+  `jax.distributed`: each samples its share of the batch, they update in
+  lockstep, and process 0 serves parameters, counts learner steps and writes
+  the run's checkpoints (periodically, and when the evaluator asks at the end).
+  """
+
+  def __init__(self, exp: ExperimentConfig, agent_cfg, replay, counter, session: Session, process_id: int = 0):
+    self._exp, self._cfg, self._replay, self._counter = exp, agent_cfg, replay, counter
+    self._session, self._process = session, process_id
     self._ready = threading.Event()
     self._served = (-1, None)
+    self._checkpoint_lock = threading.Lock()
 
   def version(self) -> int:
     self._ready.wait()
@@ -228,62 +290,111 @@ class LearnerNode:
       self._served = (version, jax.device_get(params))
     return self._served[1], self._served[0]
 
+  def checkpoint(self) -> str:
+    """Writes a checkpoint now (learner state, the counter's bookkeeping, replay); its path."""
+    self._ready.wait()
+    with self._checkpoint_lock:
+      state, steps, version = self._learner.snapshot()
+      bookkeeping = wait_unless_stopped(self._counter.futures.snapshot())
+      counts = bookkeeping["counts"]
+
+      def write_replay(folder: str) -> None:
+        shutil.move(self._replay.checkpoint(), os.path.join(folder, REVERB_REPLAY_DIR))
+
+      run_state = {"counter": bookkeeping, "learner_steps": steps, "learner_version": version,
+                   "sessions": self._session.number}
+      path = self._checkpointer.save(state, run_state, {"actor_steps": counts.get("actor_steps", 0.0),
+                                                        "learner_steps": steps, "learner_version": version,
+                                                        "episodes": counts.get("episodes", 0.0)}, write_replay)
+      save_policy(self._session.run_dir, "latest", self._fns.params(state),
+                  {"actor_steps": counts.get("actor_steps", 0.0), "learner_steps": steps})
+      log(f"checkpoint {os.path.basename(path)}: {counts.get('actor_steps', 0):.0f} env steps, {steps} updates")
+      return path
+
   def run(self):
     exit_soon_after_stop()
-    exp, cfg = self._exp, self._cfg
+    exp, cfg, processes = self._exp, self._cfg, self._exp.num_processes
+    handler = signal.getsignal(signal.SIGTERM)
+    distributed.initialize(exp.coordinator_address, processes, self._process)  # before any other JAX use
+    signal.signal(signal.SIGTERM, handler)  # JAX's preemption notifier took SIGTERM from Launchpad's stop
     parts = build_agent_parts(exp.agent, exp.env, cfg)
     mesh = sharding.make_mesh(exp.learner_devices)
+    sharding.check_batch_size(cfg.batch_size, mesh)
     spec = parts.replay_spec
-    batches = reverb_batches(self._replay.server_address, parts, cfg, exp, cfg.batch_size, mesh,
-                             stop=lp.stop_event())
+    batches = reverb_batches(self._replay.server_address, parts, cfg, dataclasses.replace(exp, process_id=self._process),
+                             cfg.batch_size // processes, mesh, stop=lp.stop_event())
     updater = reverb_replay.ReverbPriorityUpdater(self._replay) if spec.prioritized else None
-    self._learner = Learner(parts.agent.make_learner(parts.networks, cfg), seeding.node_key(exp.seed, "learner"),
-                            batches, updater, mesh=mesh)
+    self._fns = parts.agent.make_learner(parts.networks, cfg)
+    self._learner = Learner(self._fns, seeding.node_key(exp.seed, "learner"), batches, updater, mesh=mesh)
+    log(f"learner process {self._process}/{processes} on {host_name()}: initial params_digest "
+        f"{params_digest(self._learner.get_variables()[0])}")
+    self._checkpointer = Checkpointer(self._session.run_dir, exp.keep_checkpoints)
+    if self._session.checkpoint is not None:
+      info = self._checkpointer.verify(self._session.checkpoint)
+      saved = Checkpointer.read_run_state(info)
+      self._learner.restore(Checkpointer.restore_learner(info, self._learner.state), saved["learner_steps"],
+                            saved["learner_version"])
+      log(f"restored {os.path.basename(info.path)}: version {saved['learner_version']}")
     self._ready.set()
-    logger = MetricsLogger(self._run_dir, "learner", step_key="learner_steps")
+    role = "learner" if processes == 1 else f"learner{self._process}"
+    logger = metrics_logger(self._session, role, step_key="learner_steps")
     try:
       self._learn(logger)
     except Stopped:
       pass
+    log(f"[learner] params_digest at version {self._learner.version}: "
+        f"{params_digest(self._learner.get_variables()[0])}")
 
   def _learn(self, logger):
-    exp = self._exp
-    last_time, last_steps = time.monotonic(), 0
+    exp, lead = self._exp, self._process == 0
+    last_time, last_steps = time.monotonic(), self._learner.steps
+    counts: Dict[str, float] = {}
+    schedule = CheckpointSchedule(exp.checkpoint_every_steps, exp.checkpoint_every_seconds)
     while not lp.stop_event().is_set():
       try:
         metrics = self._learner.step()
       except StopIteration:  # the program is stopping
         break
-      if exp.crash_learner_after and self._learner.version >= exp.crash_learner_after:
-        raise RuntimeError(f"injected learner failure after {self._learner.version} calls (crash_learner_after)")
+      version = self._learner.version
+      if exp.crash_learner_after and version >= exp.crash_learner_after:
+        raise RuntimeError(f"injected learner failure after {version} calls (crash_learner_after)")
+      if version % DIGEST_EVERY == 0:
+        log(f"[learner] params_digest at version {version}: {params_digest(self._learner.get_variables()[0])}")
       now = time.monotonic()
       if now - last_time >= LOG_SECONDS:
         steps = self._learner.steps
-        counts = wait_unless_stopped(self._counter.futures.increment(learner_steps=steps - last_steps))
-        logger.write({"learner_steps": steps, "actor_steps": counts.get("actor_steps", 0.0), **metrics,
-                      "updates_per_second": (steps - last_steps) / (now - last_time)})
+        if lead:
+          counts = wait_unless_stopped(self._counter.futures.increment(learner_steps=steps - last_steps))
+        else:
+          counts = wait_unless_stopped(self._counter.futures.get_counts())
+        logger.write({"learner_steps": steps, "learner_version": version,
+                      "actor_steps": counts.get("actor_steps", 0.0), **metrics,
+                      "updates_per_second": (steps - last_steps) / (now - last_time), "host": host_name()})
         last_time, last_steps = now, steps
+      if lead and schedule.due(int(counts.get("actor_steps", 0))):
+        self.checkpoint()
+        schedule.done(int(counts.get("actor_steps", 0)))
 
 
 class ActorNode:
   """Steps `num_envs` envs and writes the agent's replay items (transitions or trajectories)."""
 
   def __init__(self, actor_id: int, exp: ExperimentConfig, agent_cfg, replay, learner, counter,
-               inference=None, run_dir: str = ""):
+               inference=None, session: Session = Session("")):
     self._id, self._exp, self._cfg = actor_id, exp, agent_cfg
     self._replay, self._learner, self._counter, self._inference = replay, learner, counter, inference
-    self._run_dir = run_dir
+    self._session = session
 
   def run(self):
     exit_soon_after_stop()
     exp, cfg = self._exp, self._cfg
     parts = build_agent_parts(exp.agent, exp.env, cfg)
-    seed, key = node_seeds(exp.seed, "actor", self._id)
+    seed, key = node_seeds(exp.seed, "actor", self._id, self._session.number)
     env = envs.make_vector_env(exp.env, exp.num_envs, seed)
     if self._inference is None:
       variables = VariableClient(AsyncRemoteVariables(self._learner), exp.variable_update_period)
       policy = LocalPolicy(parts.agent.make_policy(parts.networks, cfg), variables, key)
-      if incarnation():
+      if continues(self._session):
         policy.restore(continued_exploration(policy.state(), self._steps_per_actor()))
     else:
       server_id = self._id % exp.num_inference_servers
@@ -294,10 +405,11 @@ class ActorNode:
                                             deadline_s=exp.service_deadline_seconds, log=log)
     blocks = make_block_writer(parts.replay_spec, writer)
     actor = Actor(env, policy, make_adder(parts.replay_spec, exp.num_envs, cfg), sink=blocks.add)
-    logger = metrics_logger(self._run_dir, f"actor{self._id}")
-    log(f"actor {self._id} acting (incarnation {incarnation()}, env seed {seed})")
+    logger = metrics_logger(self._session, f"actor{self._id}")
+    log(f"actor {self._id} acting on {host_name()} (session {self._session.number}, incarnation {incarnation()}, "
+        f"env seed {seed})")
     try:
-      self._act(actor, policy, logger)
+      self._act(actor, policy, writer, logger)
     except Stopped:
       pass
 
@@ -305,7 +417,7 @@ class ActorNode:
     counts = wait_unless_stopped(self._counter.futures.get_counts())
     return counts.get("actor_steps", 0.0) / self._exp.num_actors
 
-  def _act(self, actor, policy, logger):
+  def _act(self, actor, policy, writer, logger):
     exp = self._exp
     returns: List[float] = []
     last_time, last_steps = time.monotonic(), 0
@@ -322,7 +434,8 @@ class ActorNode:
         logger.write({"actor_steps": actor.env_steps, "total_actor_steps": counts["actor_steps"],
                       "episode_return": float(np.mean(returns)) if returns else float("nan"),
                       "steps_per_second": (actor.env_steps - last_steps) / (now - last_time),
-                      "policy_version": policy.version, "policy_lag": lag})
+                      "policy_version": policy.version, "policy_lag": lag,
+                      "items_inserted": writer.items_inserted, "host": host_name()})
         last_time, last_steps, returns = now, actor.env_steps, []
         if counts["actor_steps"] >= exp.steps:
           break
@@ -333,9 +446,9 @@ class InferenceNode:
   """Central batched inference over the agent's pure policy; `infer(actor_id, obs_bytes) -> bytes`."""
 
   def __init__(self, exp: ExperimentConfig, agent_cfg, learner, num_actors: int, server_id: int = 0,
-               counter=None):
+               counter=None, session: Session = Session("")):
     self._exp, self._cfg, self._learner, self._counter = exp, agent_cfg, learner, counter
-    self._num_actors, self._id = num_actors, server_id
+    self._num_actors, self._id, self._session = num_actors, server_id, session
     self._ready = threading.Event()
 
   def infer(self, actor_id: int, obs_bytes: bytes) -> bytes:
@@ -351,10 +464,10 @@ class InferenceNode:
     exp, cfg = self._exp, self._cfg
     parts = build_agent_parts(exp.agent, exp.env, cfg)
     variables = VariableClient(AsyncRemoteVariables(self._learner), 1)
-    _, key = node_seeds(exp.seed, "inference", self._id)
+    _, key = node_seeds(exp.seed, "inference", self._id, self._session.number)
     self._core = BatchedInference(parts.agent.make_policy(parts.networks, cfg), variables, key, self._num_actors,
                                   exp.num_envs, parts.env_spec.observation_shape, exp.inference_timeout_ms)
-    if incarnation() and self._counter is not None:
+    if continues(self._session) and self._counter is not None:
       counts = wait_unless_stopped(self._counter.futures.get_counts())
       self._core.restore(continued_exploration(self._core.state(), counts.get("actor_steps", 0.0) / exp.num_actors))
     self._ready.set()
@@ -362,74 +475,72 @@ class InferenceNode:
     self._core.serve(lp.stop_event())
 
 
-def previous_evaluations(path: str, threshold: Optional[float]):
-  """(eval returns, steps to threshold, wall seconds) of the rows a predecessor wrote to `path`;
-  the wall time continues from its last row plus the time since that row was written."""
-  if not os.path.exists(path):
-    return [], None, 0.0
-  with open(path, newline="") as f:
-    rows = list(csv.DictReader(f))
-  if not rows:
-    return [], None, 0.0
-  history = [float(row["eval_return"]) for row in rows]
-  steps_to_threshold = next((int(float(row["actor_steps"])) for row in rows
-                             if threshold is not None and float(row["eval_return"]) >= threshold), None)
-  elapsed = float(rows[-1]["wall_seconds"]) + max(0.0, time.time() - os.path.getmtime(path))
-  return history, steps_to_threshold, elapsed
-
-
 class EvaluatorNode:
-  """Evaluates the learner's parameters, prints progress, and stops the program at the budget."""
+  """Evaluates the learner's parameters, keeps the evaluation history (in the counter, so that
+  a restarted or resumed evaluator continues it), saves the best and final policies, prints
+  progress, and at the budget has the learner checkpoint, writes the summary and stops the program."""
 
-  def __init__(self, exp: ExperimentConfig, agent_cfg, learner, counter, inference_servers, run_dir: str,
+  def __init__(self, exp: ExperimentConfig, agent_cfg, learner, counter, inference_servers, session: Session,
                replay=None):
     self._exp, self._cfg, self._learner, self._counter, self._replay = exp, agent_cfg, learner, counter, replay
-    self._servers, self._run_dir = list(inference_servers), run_dir
+    self._servers, self._session = list(inference_servers), session
 
   def run(self):
     exit_soon_after_stop()
     exp, cfg = self._exp, self._cfg
     parts = build_agent_parts(exp.agent, exp.env, cfg)
-    threshold = success_threshold(exp)
+    saved = wait_unless_stopped(self._counter.futures.get_eval_history())
+    history = EvalHistory.from_state(saved) if saved else EvalHistory(success_threshold(exp))
+    seed = seeding.env_seed(exp.seed, "evaluator")
+    # Evaluation k always uses the same episodes, also when a restarted or resumed evaluator runs it.
     evaluator = Evaluator(exp.env, parts.agent.make_policy(parts.networks, cfg, evaluation=True),
-                          exp.eval_episodes, seed=seeding.env_seed(exp.seed, "evaluator"))
-    path = os.path.join(self._run_dir, "metrics", "evaluator.csv")
-    previous = previous_evaluations(path, threshold) if incarnation() else None  # before the logger touches it
-    logger = metrics_logger(self._run_dir, "evaluator")
+                          exp.eval_episodes, seed=seed, first_index=history.count)
+    logger = metrics_logger(self._session, "evaluator")
     progress = Progress(f"{exp.agent} {exp.env} s{exp.seed} distributed/{exp.inference}", exp.progress_seconds)
     try:
-      self._evaluate(exp, evaluator, logger, progress, threshold, previous)
+      self._evaluate(exp, evaluator, seed, history, logger, progress)
     except Stopped:
       pass
 
-  def _evaluate(self, exp, evaluator, logger, progress, threshold, previous=None):
-    start = time.monotonic()
-    history, steps_to_threshold, next_eval = [], None, exp.eval_every
-    if previous is not None:  # a restart: continue the predecessor's history, and evaluate at once
-      history, steps_to_threshold, elapsed = previous
-      start, next_eval = start - elapsed, 0
+  def _evaluate(self, exp, evaluator, seed, history: EvalHistory, logger, progress):
+    run_dir = self._session.run_dir
+    counts = wait_unless_stopped(self._counter.futures.get_counts())
+    next_eval = (counts.get("actor_steps", 0.0) // exp.eval_every + 1) * exp.eval_every
+    last_time = time.monotonic()
+    params, last_eval = None, {}
     while not lp.stop_event().wait(0.2):
-      counts = wait_unless_stopped(self._counter.futures.get_counts())
+      now = time.monotonic()
+      counts = wait_unless_stopped(self._counter.futures.increment(wall_seconds=now - last_time))
+      last_time = now
       actor_steps = counts.get("actor_steps", 0.0)
       done = actor_steps >= exp.steps
       if actor_steps >= next_eval or done:
         next_eval = (actor_steps // exp.eval_every + 1) * exp.eval_every
         params, version = wait_unless_stopped(self._learner.futures.get_variables())
-        returns = evaluator.run(params)
-        history.append(float(np.mean(returns)))
-        if steps_to_threshold is None and threshold is not None and history[-1] >= threshold:
-          steps_to_threshold = int(actor_steps)
+        index = evaluator.next_index
+        row = history.record(actor_steps, evaluator.run(params))
+        self._counter.futures.set_eval_history(history.state())
+        last_eval = {"actor_steps": actor_steps, "learner_steps": counts.get("learner_steps", 0.0),
+                     "eval_return": row["eval_return"], "eval_index": index, "eval_seed": seed,
+                     "eval_episodes": exp.eval_episodes}
         logger.write({"actor_steps": actor_steps, "learner_steps": counts.get("learner_steps", 0.0),
-                      "learner_version": version, "eval_return": history[-1],
-                      "eval_return_std": float(np.std(returns)), "wall_seconds": time.monotonic() - start})
-      elapsed = time.monotonic() - start
+                      "learner_version": version, **{k: v for k, v in row.items() if k != "is_best"},
+                      "wall_seconds": counts.get("wall_seconds", 0.0)})
+        if row["is_best"]:
+          save_policy(run_dir, "best", params, last_eval)
+      elapsed = max(counts.get("wall_seconds", 0.0), 1e-9)
+      latest = history.returns[-1] if history.returns else float("nan")
       progress.maybe_print(f"steps {actor_steps:.0f}/{exp.steps} | {actor_steps / elapsed:.0f} steps/s | "
                            f"updates {counts.get('learner_steps', 0):.0f} | episodes {counts.get('episodes', 0):.0f} | "
-                           f"eval {history[-1] if history else float('nan'):.1f}", force=done)
-      if done or (exp.stop_at_threshold and steps_to_threshold is not None):
+                           f"eval {latest:.1f}", force=done)
+      if done or (exp.stop_at_threshold and history.reached):
         break
     else:
       return  # stopped from outside before the budget
+    if params is None:  # resumed at the budget: evaluate once
+      params, version = wait_unless_stopped(self._learner.futures.get_variables())
+    final_checkpoint = wait_unless_stopped(self._learner.futures.checkpoint())
+    save_policy(run_dir, "final", params, last_eval)
     server_stats = self._server_stats()
     replay_info = self._replay.server_info()[reverb_replay.TABLE] if self._replay is not None else None
     batches = sum(s["batches"] for s in server_stats)
@@ -437,10 +548,13 @@ class EvaluatorNode:
         "agent": exp.agent, "env": exp.env, "seed": exp.seed, "replay": "reverb", "distributed": True,
         "inference": exp.inference, "num_actors": exp.num_actors,
         "actor_steps": int(actor_steps), "learner_steps": int(counts.get("learner_steps", 0)),
-        "wall_seconds": round(time.monotonic() - start, 3),
-        "eval_return": history[-1], "best_eval_return": max(history),
-        "reward_threshold": threshold, "steps_to_threshold": steps_to_threshold,
-        "learner_devices": sharding.make_mesh(exp.learner_devices).devices.size, "learner_processes": 1,
+        "episodes": int(counts.get("episodes", 0)), "wall_seconds": round(counts.get("wall_seconds", 0.0), 3),
+        **history.summary(),
+        "learner_devices": sharding.make_mesh(exp.learner_devices).devices.size,
+        "learner_processes": exp.num_processes,
+        "resumed": self._session.number > 0, "checkpoints": [os.path.basename(p) for p in
+                                                             Checkpointer(run_dir).all()],
+        "final_checkpoint": os.path.basename(final_checkpoint),
         "inference_batch_mean": (sum(s["batch_mean"] * s["batches"] for s in server_stats) / batches
                                  if batches else None),
         "policy_lag_mean": counts.get("policy_lag_sum", 0.0) / max(counts.get("policy_lag_count", 0.0), 1.0),
@@ -451,8 +565,9 @@ class EvaluatorNode:
            if replay_info is not None else {}),
         "params_digest": params_digest(params),
     }
-    write_json(os.path.join(self._run_dir, "summary.json"), summary)
-    plots.plot_learning_curve(self._run_dir, f"{exp.agent} on {exp.env}, seed {exp.seed} (distributed)", threshold)
+    write_json(os.path.join(run_dir, SUMMARY_FILE), summary)
+    plots.plot_learning_curve(run_dir, f"{exp.agent} on {exp.env}, seed {exp.seed} (distributed)",
+                              history.threshold)
     lp.stop()
 
   def _server_stats(self) -> List[Dict[str, float]]:

@@ -59,6 +59,15 @@ def parse_hosts(text: str) -> Tuple[Host, ...]:
   return tuple(hosts)
 
 
+def default_placement(hosts: Sequence[Host]) -> str:
+  """Services on the first host, learner processes and inference servers spread from the
+  first, actors over every host but the first (all hosts when there is one)."""
+  names = [h.name for h in hosts]
+  actors = names[1:] or names
+  return (f"replay,counter,evaluator={names[0]} learner={','.join(names)} inference={','.join(actors)} "
+          f"actor={','.join(actors)}")
+
+
 def parse_placement(text: str, hosts: Sequence[Host], counts: Dict[str, int]) -> Placement:
   """Validates the placement against the hosts and the program's node counts
   (`counts`: group -> number of nodes; groups with 0 nodes need no host)."""

@@ -5,8 +5,9 @@
 #   scripts/slurm_test_cluster.sh down STATE_DIR   # stops every daemon, removes namespaces and bridge
 #
 # Hosts node1..node3 are network namespaces slurmns1..3 at 10.200.0.1..3 on the
-# bridge brslurm (10.200.0.254, where slurmctld listens). They share this
-# machine's filesystem, so a run directory is "on a shared filesystem".
+# bridge brslurm (10.200.0.254, where slurmctld listens), each with its own host
+# name and a hosts file naming all three. They share this machine's filesystem
+# otherwise, so a run directory is "on a shared filesystem".
 # Needs Debian's slurm-wlm and munge (`apt-get install -y slurm-wlm munge`).
 # After `up`, use the cluster with `SLURM_CONF=STATE_DIR/slurm.conf`.
 set -euo pipefail
@@ -43,6 +44,7 @@ up() {
   [ "$(id -u)" = 0 ] || { echo "slurm_test_cluster: needs root (network namespaces)" >&2; exit 2; }
   down  # leftovers of an earlier run
   mkdir -p "$D"/state "$D"/log "$D"/munge
+  chmod 711 "$D"  # munged checks that its socket's folders are searchable by all
   for i in $(seq 1 $HOSTS); do mkdir -p "$D/spool/node$i"; done
   chmod 711 "$D/munge"
 
@@ -92,8 +94,12 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
   export SLURM_CONF="$D/slurm.conf"
   slurmctld
+  # Each host sees its own name and resolves every host's (gloo looks its own up): a
+  # private hosts file, bind-mounted in a mount namespace of the host's own.
+  { echo "127.0.0.1 localhost"; for i in $(seq 1 $HOSTS); do echo "10.200.0.$i node$i"; done; } > "$D/hosts"
   for i in $(seq 1 $HOSTS); do
-    nsenter --net="/run/netns/slurmns$i" unshare --uts sh -c "hostname node$i && exec slurmd -N node$i"
+    nsenter --net="/run/netns/slurmns$i" unshare --uts --mount sh -c \
+      "mount --bind $D/hosts /etc/hosts && hostname node$i && exec slurmd -N node$i"
   done
   for _ in $(seq 1 300); do
     if [ "$(sinfo -h -o '%T %D' 2>/dev/null)" = "idle $HOSTS" ]; then

@@ -52,6 +52,15 @@ def test_program_runs_end_to_end_and_exits_cleanly(tmp_path):
   assert os.path.exists(run_dir / "plots" / "learning_curve.png")
   assert os.path.exists(run_dir / "logs" / "learner" / "0")
   assert "steps " in out.stdout  # progress lines reach the launcher's terminal
+  # The learner node starts from the parameters the embedded runner starts from, for the same seed.
+  from jrl.agents import dqn
+  from jrl.experiment.config import ExperimentConfig
+  from jrl.experiment.runner import run
+  embedded = run(ExperimentConfig(seed=0, steps=600, eval_every=600, eval_episodes=1, progress_seconds=0,
+                                  deterministic=True, run_dir=str(tmp_path / "embedded")),
+                 dqn.Config(min_replay_size=500, hidden_sizes=(32, 32)))
+  learner_log = open(run_dir / "logs" / "learner" / "0").read()
+  assert f"initial params_digest {embedded['initial_params_digest']}" in learner_log
 
 
 def test_a_dying_learner_stops_the_program_with_its_error(tmp_path):

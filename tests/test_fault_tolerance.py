@@ -16,6 +16,7 @@ import numpy as np
 import psutil
 import pytest
 
+from jrl.experiment.checkpoint import Checkpointer
 from launch import loopback
 from launch.supervisor import RUN_DIR_ENV, last_traceback
 
@@ -180,12 +181,15 @@ def test_a_killed_replay_server_ends_the_program_naming_it(tmp_path):
   print(f"program ended {ended:.1f}s after the replay server's SIGKILL")
 
 
-def test_servers_listen_on_loopback_only_and_a_killed_learner_ends_the_program(tmp_path):
-  program = Program(tmp_path / "run", [*SMALL, "--steps", "100000", "--num_actors", "2", "--inference", "server"])
+def test_servers_listen_on_loopback_only_and_a_killed_learner_ends_the_program_and_resume_finishes(tmp_path):
+  program = Program(tmp_path / "run", [*SMALL, "--steps", "100000", "--num_actors", "2", "--inference", "server",
+                                       "--checkpoint_every_steps", "1500"])
   try:
     program.wait_for(lambda: len(program.metric_rows("actor0")) >= 2, 240, "actor rows")
     listening = [(proc.pid, conn.laddr) for proc in program.processes()
                  for conn in proc.net_connections(kind="tcp") if conn.status == psutil.CONN_LISTEN]
+    checkpoints = Checkpointer(program.run_dir)
+    program.wait_for(lambda: checkpoints.all(), 240, "a checkpoint")
     program.kill("learner/0")
     status = program.finish(timeout=60)
   finally:
@@ -198,6 +202,19 @@ def test_servers_listen_on_loopback_only_and_a_killed_learner_ends_the_program(t
   assert status != 0
   assert "node learner/0 failed (killed by SIGKILL)" in program.stderr, program.output()
   assert program.processes() == []
+  assert not os.path.exists(program.path("summary.json"))
+
+  # --resume continues from the newest checkpoint and finishes a raised budget.
+  saved = checkpoints.latest().manifest["counters"]
+  budget = int(saved["actor_steps"]) + 3_000
+  resumed = subprocess.run([sys.executable, "-m", "launch.train", "--resume", program.run_dir, "--steps", str(budget)],
+                           cwd=ROOT, text=True, capture_output=True, timeout=600)
+  assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+  summary = json.load(open(program.path("summary.json")))
+  assert summary["resumed"] and summary["actor_steps"] >= budget
+  assert summary["learner_version"] > saved["learner_version"]
+  evaluations = [float(r["actor_steps"]) for r in program.metric_rows("evaluator")]
+  assert evaluations == sorted(evaluations) and len(set(evaluations)) == len(evaluations)
 
 
 def test_an_actor_failing_past_max_restarts_ends_the_program_naming_it(tmp_path):

@@ -20,6 +20,24 @@ def truncate(path: str, size: int) -> None:
     f.truncate(size)
 
 
+def cut_rows(path: str, column: str, limit: float) -> None:
+  """Keeps the rows of a metrics CSV whose `column` is <= `limit` (what a resumed distributed run
+  does with rows its nodes wrote after the checkpoint); atomic."""
+  if not os.path.exists(path):
+    return
+  with open(path, newline="") as f:
+    reader = csv.DictReader(f)
+    header, rows = reader.fieldnames, [row for row in reader if float(row[column]) <= limit]
+  if header is None:
+    return
+  tmp = path + ".cut"
+  with open(tmp, "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=header)
+    writer.writeheader()
+    writer.writerows(rows)
+  os.replace(tmp, path)
+
+
 class TensorBoard:
   """Scalars into `RUN_DIR/tensorboard/` event files; resumable at a saved position."""
 

@@ -17,7 +17,10 @@ def read_csv(path: str) -> Dict[str, List[float]]:
   with open(path) as f:
     for row in csv.DictReader(f):
       for key, value in row.items():
-        columns.setdefault(key, []).append(float(value))
+        try:
+          columns.setdefault(key, []).append(float(value))
+        except (TypeError, ValueError):  # text columns (e.g. a host name) are not plotted
+          pass
   return columns
 
 

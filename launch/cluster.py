@@ -1,0 +1,171 @@
+"""Launching a placed program on several hosts: through Slurm, or a command template per host.
+
+`--launcher slurm` writes `RUN_DIR/launch/job.sbatch` (one job, one step per
+host running `python -m launch.host RUN_DIR HOST`; readable, and reusable by
+hand with `sbatch`), submits it, follows the job while echoing the evaluator's
+progress, and returns the program's exit status. Ctrl-C cancels the job.
+`--launcher template` runs the same host command through `--host_command`
+(e.g. `ssh {host} {command}`) for users without Slurm.
+"""
+
+import glob
+import os
+import shlex
+import subprocess
+import sys
+import time
+from typing import Dict, List, Tuple
+
+from jrl.errors import ConfigError
+from launch import multihost
+from launch.placement import Host, Placement, default_placement, parse_hosts, parse_placement
+
+POLL_SECONDS = 0.5
+EXIT_STATUS_FILE = "exit_status"
+
+
+def host_agent_command(run_dir: str, host: str) -> List[str]:
+  return [sys.executable, "-m", "launch.host", run_dir, host]
+
+
+def slurm_addresses(names) -> Dict[str, str]:
+  """NodeAddr of each Slurm node, from `scontrol show node`."""
+  addresses = {}
+  for name in names:
+    out = subprocess.run(["scontrol", "show", "node", name], capture_output=True, text=True)
+    fields = dict(part.split("=", 1) for part in out.stdout.split() if "=" in part)
+    if out.returncode != 0 or "NodeAddr" not in fields:
+      raise RuntimeError(f"Slurm does not know host '{name}': {(out.stderr or out.stdout).strip()}")
+    addresses[name] = fields["NodeAddr"]
+  return addresses
+
+
+def sbatch_script(run_dir: str, hosts: Tuple[Host, ...], job_name: str) -> str:
+  folder = multihost.launch_dir(run_dir)
+  lines = [
+      "#!/bin/bash",
+      f"#SBATCH --job-name={job_name}",
+      f"#SBATCH --nodes={len(hosts)}",
+      f"#SBATCH --nodelist={','.join(h.name for h in hosts)}",
+      "#SBATCH --ntasks-per-node=1",
+      f"#SBATCH --output={os.path.join(folder, 'slurm-%j.out')}",
+      f"# jrl program of {run_dir}: one step per host, each running that host's nodes.",
+      f"cd {shlex.quote(os.getcwd())}",
+      "pids=()",
+  ]
+  for host in hosts:
+    command = " ".join(shlex.quote(p) for p in host_agent_command(run_dir, host.name))
+    lines.append(f"srun --exclusive -N1 -n1 -w {host.name} {command} &")
+    lines.append("pids+=($!)")
+  lines += [
+      "status=0",
+      'for pid in "${pids[@]}"; do wait "$pid" || { s=$?; [ "$status" -eq 0 ] && status=$s; }; done',
+      f"echo $status > {shlex.quote(os.path.join(folder, EXIT_STATUS_FILE))}",
+      "exit $status",
+  ]
+  path = os.path.join(folder, "job.sbatch")
+  with open(path, "w") as f:
+    f.write("\n".join(lines) + "\n")
+  return path
+
+
+def _job_state(job_id: str) -> str:
+  out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
+  return out.stdout.strip()
+
+
+def run_slurm(run_dir: str, hosts: Tuple[Host, ...], job_name: str) -> int:
+  script = sbatch_script(run_dir, hosts, job_name)
+  out = subprocess.run(["sbatch", "--parsable", script], capture_output=True, text=True)
+  if out.returncode != 0:
+    raise RuntimeError(f"sbatch refused {script}: {out.stderr.strip()}")
+  job_id = out.stdout.strip().split(";")[0]
+  print(f"[slurm] submitted job {job_id} ({len(hosts)} hosts): {script}", flush=True)
+  status_file = os.path.join(multihost.launch_dir(run_dir), EXIT_STATUS_FILE)
+  try:
+    state = ""
+    while True:
+      current = _job_state(job_id)
+      if current != state and current:
+        print(f"[slurm] job {job_id} {current.lower()}", flush=True)
+      state = current or state
+      if not current:
+        break
+      time.sleep(POLL_SECONDS)
+  except KeyboardInterrupt:
+    print(f"[slurm] interrupted: cancelling job {job_id}", flush=True)
+    multihost.RequestStop(multihost.stop_path(run_dir))()
+    subprocess.run(["scancel", job_id])
+    while _job_state(job_id):
+      time.sleep(POLL_SECONDS)
+    raise
+  if not os.path.exists(status_file):
+    return 1  # cancelled or killed before the script could record its status
+  with open(status_file) as f:
+    return int(f.read().strip() or 1)
+
+
+def run_template(run_dir: str, hosts: Tuple[Host, ...], template: str) -> int:
+  procs = []
+  for host in hosts:
+    command = " ".join(shlex.quote(p) for p in host_agent_command(run_dir, host.name))
+    line = template.format(host=host.name, address=host.address, command=command)
+    log = open(os.path.join(multihost.launch_dir(run_dir), f"host-{host.name}.out"), "w")
+    procs.append((subprocess.Popen(line, shell=True, stdout=log, stderr=subprocess.STDOUT), log))
+    print(f"[template] {host.name}: {line}", flush=True)
+  try:
+    while any(p.poll() is None for p, _ in procs):
+      time.sleep(POLL_SECONDS)
+  except KeyboardInterrupt:
+    multihost.RequestStop(multihost.stop_path(run_dir))()
+    for p, _ in procs:
+      p.wait()
+    raise
+  finally:
+    for _, log in procs:
+      log.close()
+  codes = [p.returncode for p, _ in procs]
+  return next((c for c in codes if c), 0)
+
+
+def group_counts(exp) -> Dict[str, int]:
+  """Nodes per group of the program `exp` describes."""
+  return {"counter": 1, "replay": 1, "learner": exp.num_processes, "evaluator": 1, "actor": exp.num_actors,
+          "inference": exp.num_inference_servers if exp.inference == "server" else 0}
+
+
+def resolve_placement(exp) -> Placement:
+  """Hosts with their addresses and the validated placement; ConfigError naming the field."""
+  hosts = parse_hosts(exp.hosts)
+  if exp.launcher == "slurm":
+    missing = [h.name for h in hosts if not h.address]
+    try:
+      found = slurm_addresses(missing) if missing else {}
+    except (OSError, RuntimeError) as e:
+      raise ConfigError("hosts", f"cannot resolve through Slurm: {e}") from None
+    hosts = tuple(Host(h.name, h.address or found[h.name]) for h in hosts)
+  for host in hosts:
+    if not host.address:
+      raise ConfigError("hosts", f"host '{host.name}' has no address: give it as {host.name}=IP")
+  return parse_placement(exp.placement or default_placement(hosts), hosts, group_counts(exp))
+
+
+def failure_report(run_dir: str) -> str:
+  """What the host agents wrote about the node that failed (services blamed first)."""
+  reports = []
+  for path in sorted(glob.glob(multihost.failure_path(run_dir, "*"))):
+    with open(path) as f:
+      reports.append(f"on host {os.path.basename(path)[len('failure-'):-len('.txt')]}: {f.read().strip()}")
+  return "\n".join(reports) or f"the job ended with an error; see {multihost.launch_dir(run_dir)}"
+
+
+def launch_on_hosts(exp, program, run_dir: str, placement: Placement, restart) -> None:
+  """Runs the placed program until it ends; RuntimeError with the failure report if it failed."""
+  multihost.build_plan(program, placement, run_dir, restart)
+  job_name = f"jrl-{exp.agent}-{exp.env}-s{exp.seed}"
+  if exp.launcher == "slurm":
+    status = run_slurm(run_dir, placement.hosts, job_name)
+  else:
+    status = run_template(run_dir, placement.hosts, exp.host_command)
+  if status != 0:
+    raise RuntimeError(failure_report(run_dir))

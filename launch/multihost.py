@@ -1,0 +1,121 @@
+"""One Launchpad program placed on several hosts: the plan, the host agent's inputs, the stop file.
+
+The launching host builds the program as for local_mp, then binds every
+node's server address to its host's cluster address (`placement`) and turns
+each node into its process command (Launchpad's own local_mp executables).
+The commands, the pickled node functions and the plan (`RUN_DIR/launch/`)
+live in the run directory, which every host must see (a shared filesystem).
+On each host `python -m launch.host RUN_DIR HOST` runs that host's nodes under
+the supervisor, with their servers bound to the host's address.
+
+Stopping: `lp.stop()` in a node (the evaluator at the budget) creates
+`RUN_DIR/launch/STOP`; every host agent watches for it and stops its nodes.
+A host whose node fails past its restarts writes its report next to it and
+creates the stop file too, so the whole program ends.
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+import sys
+from typing import Any, Dict, List
+
+import portpicker
+from launchpad import address as lp_address
+from launchpad import context as lp_context
+
+from jrl.experiment.files import write_json
+from launch.placement import Placement
+
+LAUNCH_DIR = "launch"
+PLAN_FILE = "plan.json"
+STOP_FILE = "STOP"
+
+
+def launch_dir(run_dir: str) -> str:
+  return os.path.join(run_dir, LAUNCH_DIR)
+
+
+def stop_path(run_dir: str) -> str:
+  return os.path.join(launch_dir(run_dir), STOP_FILE)
+
+
+def failure_path(run_dir: str, host: str) -> str:
+  return os.path.join(launch_dir(run_dir), f"failure-{host}.txt")
+
+
+class RequestStop:
+  """The program stopper of a multi-host program: creates the stop file (picklable)."""
+
+  def __init__(self, path: str):
+    self.path = path
+
+  def __call__(self):
+    with open(self.path, "a"):
+      pass
+
+
+class FixedAddress(lp_address.AbstractAddressBuilder):
+  def __init__(self, address: str):
+    self._address = address
+
+  def build(self) -> str:
+    return self._address
+
+
+def pick_port() -> int:
+  return portpicker.pick_unused_port()
+
+
+def build_plan(program, placement: Placement, run_dir: str, restart: Dict[str, Any]) -> Dict[str, Any]:
+  """Binds addresses, writes the node commands and returns the plan (also written to plan.json)."""
+  folder = launch_dir(run_dir)
+  os.makedirs(folder, exist_ok=True)
+  stopper = RequestStop(stop_path(run_dir))
+  for label, nodes in program.groups.items():
+    for node in nodes:
+      node._initialize_context(lp_context.LaunchType.LOCAL_MULTI_PROCESSING, launch_config=None)
+      node._launch_context._program_stopper = stopper  # not the launcher's pid: it is on another host
+  for label, nodes in program.groups.items():
+    for node in nodes:
+      for handle in node.input_handles:
+        handle.connect(node, label)
+  for label, nodes in program.groups.items():
+    for index, node in enumerate(nodes):
+      host = placement.host_of(label, index)
+      for address in node.addresses:
+        address.bind(FixedAddress(f"{host.address}:{pick_port()}"))
+
+  hosts: Dict[str, Dict[str, Any]] = {h.name: {"address": h.address, "nodes": []} for h in placement.hosts}
+  for label, nodes in program.groups.items():
+    commands = nodes[0].to_executables(nodes, label, nodes[0].launch_context)
+    for index, command in enumerate(commands):
+      args = list(command.command_as_list)
+      data = args.index("--data_file") + 1
+      shared = os.path.join(folder, f"{label}.pkl")  # Launchpad wrote it to a local temp folder
+      if not os.path.exists(shared):
+        shutil.copyfile(args[data], shared)
+      args[data] = shared
+      hosts[placement.host_of(label, index).name]["nodes"].append(
+          {"title": f"{label}/{index}", "command": args, "env": dict(command.env_overrides)})
+  plan = {"hosts": hosts, "restart": restart, "python": sys.executable, "cwd": os.getcwd()}
+  write_json(os.path.join(folder, PLAN_FILE), plan)
+  return plan
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedCommand:
+  """A node's process, as the supervisor takes it (Launchpad's CommandToLaunch shape)."""
+  title: str
+  command_as_list: List[str]
+  env_overrides: Dict[str, str]
+
+
+def read_plan(run_dir: str) -> Dict[str, Any]:
+  with open(os.path.join(launch_dir(run_dir), PLAN_FILE)) as f:
+    return json.load(f)
+
+
+def host_commands(plan: Dict[str, Any], host: str) -> List[PlannedCommand]:
+  return [PlannedCommand(n["title"], n["command"], n["env"]) for n in plan["hosts"][host]["nodes"]]
