@@ -2,7 +2,6 @@
 bit-exact resume of deterministic runs, and one-line errors for bad resume input."""
 
 import csv
-import hashlib
 import json
 import os
 import signal
@@ -20,9 +19,10 @@ from jrl.experiment.builder import build_agent_parts
 from jrl.experiment.checkpoint import Checkpointer
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.runner import run
+from jrl.learners.learner import params_digest
+from test_runs import _metric_values
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIME_COLUMNS = ("wall_seconds", "steps_per_second", "updates_per_second")
 SMALL = ["--eval_every", "1000", "--eval_episodes", "3", "--min_replay_size", "500", "--hidden_sizes", "32,32",
          "--progress_seconds", "0"]
 
@@ -47,21 +47,6 @@ def _checkpoint_counters(run_dir):
   return [Checkpointer(run_dir).verify(path).manifest["counters"] for path in Checkpointer(run_dir).all()]
 
 
-def _metric_rows(run_dir):
-  rows = {}
-  for role in ("actor", "learner", "evaluator"):
-    with open(os.path.join(run_dir, "metrics", f"{role}.csv")) as f:
-      rows[role] = [{k: v for k, v in row.items() if k not in TIME_COLUMNS} for row in csv.DictReader(f)]
-  return rows
-
-
-def _tree_digest(tree):
-  digest = hashlib.sha256()
-  for leaf in jax.tree_util.tree_leaves(tree):
-    digest.update(np.asarray(leaf).tobytes())
-  return digest.hexdigest()
-
-
 def test_checkpointer_is_atomic_verified_and_keeps_the_last_k(tmp_path):
   cfg = dqn.Config(hidden_sizes=(8,))
   parts = build_agent_parts("dqn", "CartPole-v1", cfg)
@@ -74,7 +59,7 @@ def test_checkpointer_is_atomic_verified_and_keeps_the_last_k(tmp_path):
   assert [os.path.basename(p) for p in checkpointer.all()] == ["ckpt-000003", "ckpt-000004"]
   latest = checkpointer.latest()
   restored = Checkpointer.restore_learner(latest, states[0])
-  assert _tree_digest(restored) == _tree_digest(states[3]) != _tree_digest(states[2])
+  assert params_digest(restored) == params_digest(states[3]) != params_digest(states[2])
   assert type(restored) is type(states[3])
   assert Checkpointer.read_run_state(latest) == {"i": 3}
   assert latest.manifest["counters"]["actor_steps"] == 300
@@ -126,7 +111,7 @@ def test_deterministic_run_killed_and_resumed_equals_the_uninterrupted_run(tmp_p
   summary = json.load(open(os.path.join(run_dir, "summary.json")))
   assert summary["resumed"] and summary["actor_steps"] == reference["actor_steps"]
   assert summary["params_digest"] == reference["params_digest"]
-  assert _metric_rows(run_dir) == _metric_rows(reference["run_dir"])
+  assert _metric_values(run_dir) == _metric_values(reference["run_dir"])
 
 
 def test_reverb_run_survives_sigkill_at_random_instants_and_reaches_the_threshold(tmp_path):
