@@ -132,10 +132,12 @@ def test_killed_actor_and_inference_server_are_restarted_and_dqn_still_solves_ca
                                        "--progress_seconds", "5"])
   try:
     program.wait_for(lambda: len(program.metric_rows("actor1")) >= 3, 240, "actor rows")
-    killed = time.monotonic()
+    killed, rows = time.monotonic(), len(program.metric_rows("actor1"))
     program.kill("actor/1")
-    program.wait_for(lambda: "acting (incarnation 1" in program.log("actor/1"), 120, "a restarted actor/1")
+    program.wait_for(lambda: "incarnation 1," in program.log("actor/1"), 120, "a restarted actor/1")
     actor_back = time.monotonic() - killed
+    # Served by the inference server before it goes: a new metrics row of the restarted actor.
+    program.wait_for(lambda: len(program.metric_rows("actor1")) > rows + 1, 120, "rows of the restarted actor/1")
     killed = time.monotonic()
     program.kill("inference/0")
     program.wait_for(lambda: _served_again(program.log("actor/0")), 120, "actor/0 served again")
