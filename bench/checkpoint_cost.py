@@ -40,7 +40,8 @@ def folder_bytes(path: str) -> int:
 
 
 def checkpoint_size_and_time(replay_size: int, deterministic: bool):
-  cfg = dqn.Config(max_replay_size=replay_size)
+  # A rate limiter that never holds inserts: the bench fills replay without a learner sampling it.
+  cfg = dqn.Config(max_replay_size=replay_size, samples_per_insert=1e-6)
   parts = build_agent_parts("dqn", "CartPole-v1", cfg)
   exp = ExperimentConfig(deterministic=deterministic)
   run_dir = tempfile.mkdtemp(prefix="jrl-ckpt-bench-")
