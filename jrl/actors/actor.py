@@ -14,6 +14,7 @@ import numpy as np
 
 from jrl.actors.variables import VariableClient
 from jrl.envs import EpisodeStats, EpisodeTracker, final_observations
+from jrl.experiment.report import ENV, INSERT, NULL_TIMER, PARAM_FETCH, POLICY
 from jrl.types import PolicyFns, PRNGKey, Transition
 
 
@@ -26,17 +27,23 @@ class BatchedPolicy(Protocol):
 
 
 class LocalPolicy:
-  """The pure policy jitted in this process, parameters from a variable client."""
+  """The pure policy jitted in this process, parameters from a variable client.
 
-  def __init__(self, policy: PolicyFns, variables: VariableClient, key: PRNGKey):
+  `timer` (a `jrl.experiment.report.PhaseTimer`) gets the parameter fetch as its own phase.
+  """
+
+  def __init__(self, policy: PolicyFns, variables: VariableClient, key: PRNGKey, timer=None):
     self._select_action = jax.jit(policy.select_action)
     self._state = policy.init(key)
     self._variables = variables
     self.version = variables.version
     self.extras: Dict[str, np.ndarray] = {}
+    self.timer = timer if timer is not None else NULL_TIMER
 
   def __call__(self, obs: np.ndarray) -> np.ndarray:
+    self.timer.enter(PARAM_FETCH)
     self._variables.maybe_update()
+    self.timer.exit()
     self.version = self._variables.version
     action, extras, self._state = self._select_action(self._variables.params, obs, self._state)
     self.extras = extras
@@ -53,11 +60,13 @@ class Actor:
   """Owns the env, the policy and the adder.
 
   `sink` receives the transitions each step completes (an adder chain into
-  replay); None for actors that only collect episode statistics.
+  replay); None for actors that only collect episode statistics. `timer` (a
+  `jrl.experiment.report.PhaseTimer`) splits each step into policy, env and insert time.
   """
 
   def __init__(self, env: gym.vector.VectorEnv, policy: BatchedPolicy, adder=None,
-               sink: Optional[Callable[[Transition], None]] = None):
+               sink: Optional[Callable[[Transition], None]] = None, timer=None):
+    self.timer = timer if timer is not None else NULL_TIMER
     self._env = env
     self.policy = policy
     self._adder = adder
@@ -71,17 +80,25 @@ class Actor:
 
   def step(self) -> EpisodeStats:
     """One vector step: num_envs env steps."""
-    action = self.policy(self._obs)
-    # gymnasium's space checks are faster on its own dtype; replay keeps the policy's.
-    next_obs, reward, terminated, truncated, info = self._env.step(action.astype(self._env_action_dtype, copy=False))
-    next_obs = np.asarray(next_obs, np.float32)
-    done = np.logical_or(terminated, truncated)
-    if self._adder is not None:
-      bootstrap_obs = final_observations(next_obs, done, info)
-      transitions = self._adder.add(self._obs, action, np.asarray(reward, np.float32), terminated, truncated,
-                                    bootstrap_obs, self.policy.extras)
-      if self._sink is not None:
-        self._sink(transitions)
+    timer = self.timer
+    timer.enter(POLICY)
+    try:
+      action = self.policy(self._obs)
+      timer.switch(ENV)
+      # gymnasium's space checks are faster on its own dtype; replay keeps the policy's.
+      next_obs, reward, terminated, truncated, info = self._env.step(
+          action.astype(self._env_action_dtype, copy=False))
+      next_obs = np.asarray(next_obs, np.float32)
+      done = np.logical_or(terminated, truncated)
+      if self._adder is not None:
+        timer.switch(INSERT)
+        bootstrap_obs = final_observations(next_obs, done, info)
+        transitions = self._adder.add(self._obs, action, np.asarray(reward, np.float32), terminated, truncated,
+                                      bootstrap_obs, self.policy.extras)
+        if self._sink is not None:
+          self._sink(transitions)
+    finally:
+      timer.exit()
     self._obs = next_obs
     self.env_steps += self.num_envs
     return self._tracker.update(reward, done)

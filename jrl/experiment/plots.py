@@ -2,12 +2,27 @@
 
 import csv
 import os
+import threading
 from typing import Dict, List, Optional
 
-import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+def _pyplot():
+  """matplotlib's pyplot on the Agg backend, imported on first use (~0.4 s: not at start-up)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def preload_in_background() -> None:
+  """Imports matplotlib on a daemon thread, so that the plot at the end of a run does not
+  wait for it. Best started while the caller compiles (XLA releases the GIL)."""
+  def load():
+    try:
+      _pyplot()
+    except Exception:  # noqa: BLE001 - a warm-up only; the plot imports it again and reports errors
+      pass
+  threading.Thread(target=load, name="preload-matplotlib", daemon=True).start()
 
 
 def read_csv(path: str) -> Dict[str, List[float]]:
@@ -28,6 +43,7 @@ def plot_learning_curve(run_dir: str, title: str, reward_threshold: Optional[flo
   """eval return (and training episode return) against env steps -> plots/learning_curve.png."""
   evaluation = read_csv(os.path.join(run_dir, "metrics", "evaluator.csv"))
   actor = read_csv(os.path.join(run_dir, "metrics", "actor.csv"))
+  plt = _pyplot()
   fig, ax = plt.subplots(figsize=(7, 4.5))
   if actor.get("episode_return"):
     ax.plot(actor["actor_steps"], actor["episode_return"], color="tab:gray", alpha=0.6,

@@ -27,14 +27,14 @@ from jrl.actors.actor import Actor, LocalPolicy
 from jrl.actors.evaluator import Evaluator
 from jrl.actors.variables import VariableClient
 from jrl.errors import ConfigError
-from jrl.experiment import plots
+from jrl.experiment import plots, report
 from jrl.experiment.bookkeeping import EvalHistory
 from jrl.experiment.builder import (build_agent_parts, example_item, items_per_fetch, make_adder, make_assembler,
                                     make_block_writer, success_threshold)
 from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import (CHECKPOINTS_DIR, CONFIG_FILE, SUMMARY_FILE, check_run_dir_target, config_payload,
-                                  write_json)
+                                  write_bytes_atomic, write_json)
 from jrl.experiment.logging import MetricsLogger, Progress, TensorBoard
 from jrl.learners import distributed, sharding
 from jrl.learners.learner import Learner, params_digest
@@ -43,6 +43,16 @@ from jrl.replay.batches import PrefetchIterator, PreparedBatch
 from jrl.replay.buffer import SeededReplayBuffer
 
 ROLES = ("actor", "learner", "evaluator")
+REPORT_FILE = "report.md"
+REPORT_NOTES = (
+    "Times are this session's (a resumed run reports the part after its resume). `main` is the "
+    "runner's thread: it steps the envs, runs the policy, adds to replay, calls the learner, "
+    "evaluates and checkpoints, one after another, so its phases add up to its wall time. JIT "
+    "compilation is taken out of the calls that triggered it into `compile`; the verdict leaves it "
+    "out (it is paid once). `prefetch` (Reverb runs) samples and prepares learner batches on its "
+    "own thread: its `sample` includes waits on Reverb's rate limiter, its `queue_wait` is time "
+    "with batches ready and nobody taking them. samples_per_insert counts transitions inserted "
+    "once replay holds min_replay_size of them, as the rate limiter does.")
 SEEDED_REPLAY_FILE = "seeded_buffer.pkl"
 REVERB_REPLAY_DIR = "reverb"
 
@@ -58,9 +68,14 @@ class Replay(NamedTuple):
 
 
 def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: jax.sharding.Mesh,
-                run_dir: str, restore_from: Optional[str] = None) -> Replay:
+                run_dir: str, restore_from: Optional[str] = None,
+                timer: Optional[report.PhaseTimer] = None) -> Replay:
   """The seeded buffer (`exp.deterministic`) or an in-process Reverb server; with
-  `restore_from` (a checkpoint's replay folder) it starts with the saved contents."""
+  `restore_from` (a checkpoint's replay folder) it starts with the saved contents.
+
+  `timer` times the sampling: the caller's own timer for the seeded buffer (batches are
+  drawn in the caller's thread), the prefetch thread's timer for Reverb."""
+  timer = timer if timer is not None else report.NULL_TIMER
   spec = parts.replay_spec
   num_items = items_per_fetch(spec, exp.updates_per_call, batch_size)
 
@@ -77,7 +92,12 @@ def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: 
 
     def synchronous_batches():
       while True:
-        yield assemble_batch(buffer.sample(num_items))
+        timer.enter(report.SAMPLE)
+        sampled = buffer.sample(num_items)
+        timer.switch(report.ASSEMBLE)
+        prepared = assemble_batch(sampled)
+        timer.exit()
+        yield prepared
 
     def save(folder: str) -> None:
       with open(os.path.join(folder, SEEDED_REPLAY_FILE), "wb") as f:
@@ -102,7 +122,7 @@ def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: 
   address = f"localhost:{server.port}"
   client = reverb_replay.reverb.Client(address)
   writer = reverb_replay.ReverbItemWriter(client)
-  batches = reverb_batches(address, parts, agent_cfg, exp, batch_size, mesh)
+  batches = reverb_batches(address, parts, agent_cfg, exp, batch_size, mesh, timer=timer)
 
   def save(folder: str) -> None:
     writer.flush()
@@ -119,9 +139,12 @@ def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: 
 
 
 def reverb_batches(address: str, parts, agent_cfg, exp: ExperimentConfig, batch_size: int,
-                   mesh: jax.sharding.Mesh, stop: Optional[threading.Event] = None) -> PrefetchIterator:
+                   mesh: jax.sharding.Mesh, stop: Optional[threading.Event] = None,
+                   timer: Optional[report.PhaseTimer] = None) -> PrefetchIterator:
   """Learner batches from a Reverb table, prepared on a background thread: sample the
-  items of one call, deal them into batches, place them sharded on `mesh`."""
+  items of one call, deal them into batches, place them sharded on `mesh`. `timer`, if
+  given, is that thread's: it gets sample (Reverb's rate limiter included), assemble,
+  place and queue_wait."""
   from jrl.replay import reverb_replay
 
   spec = parts.replay_spec
@@ -130,11 +153,46 @@ def reverb_batches(address: str, parts, agent_cfg, exp: ExperimentConfig, batch_
   rng = np.random.default_rng(seeding.env_seed(exp.seed, "replay", exp.process_id) + 1)
   assemble_batch = make_assembler(spec, exp.updates_per_call, batch_size, rng)
 
-  def produce() -> PreparedBatch:
-    prepared = assemble_batch(sampler.sample())
-    return prepared._replace(batch=sharding.put_batch(prepared.batch, mesh))
+  clock = timer if timer is not None else report.NULL_TIMER
 
-  return PrefetchIterator(produce, depth=exp.prefetch, stop=stop)
+  def produce() -> PreparedBatch:
+    clock.enter(report.SAMPLE)
+    sampled = sampler.sample()
+    clock.switch(report.ASSEMBLE)
+    prepared = assemble_batch(sampled)
+    clock.switch(report.PLACE)
+    prepared = prepared._replace(batch=sharding.put_batch(prepared.batch, mesh))
+    clock.exit()
+    return prepared
+
+  return PrefetchIterator(produce, depth=exp.prefetch, stop=stop, timer=timer)
+
+
+class Counts(NamedTuple):
+  env_steps: int
+  updates: int
+  calls: int
+  rows_written: int    # transitions (or sequences) written to replay
+
+
+def session_rates(before: Counts, after: Counts, wall: float, batch_size: int, spec) -> Dict[str, Any]:
+  """Rates achieved between two counts: env steps and updates per second, and rows sampled
+  per row inserted (transitions once replay holds min_size of them, as the rate limiter
+  counts; whole sequences for on-policy agents)."""
+  wall = max(wall, 1e-9)
+  calls = after.calls - before.calls
+  if spec.sequences:
+    sampled, inserted = calls * batch_size, after.rows_written - before.rows_written
+  else:
+    sampled = (after.updates - before.updates) * batch_size
+    inserted = after.rows_written - max(before.rows_written, spec.min_size)
+  return {
+      "env_steps_per_second": (after.env_steps - before.env_steps) / wall,
+      "updates_per_second": (after.updates - before.updates) / wall,
+      "learner_calls_per_second": calls / wall,
+      "samples_per_insert": sampled / inserted if inserted > 0 else None,
+      "samples_per_insert_target": 1.0 if spec.sequences else float(spec.samples_per_insert),
+  }
 
 
 class LoopState:
@@ -173,7 +231,11 @@ def prepare_run_dir(exp: ExperimentConfig, agent_cfg) -> str:
 
 
 def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
-  """Trains `exp.agent` on `exp.env` for `exp.steps` env steps; returns the summary."""
+  """Trains `exp.agent` on `exp.env` for `exp.steps` env steps; returns the summary.
+
+  Every phase of the loop is timed (`jrl.experiment.report`): the run writes
+  RUN_DIR/report.md and adds the bottleneck, the rates and the phase seconds to the summary."""
+  entered = time.perf_counter()
   distributed.initialize(exp.coordinator_address, exp.num_processes, exp.process_id)
   parts = build_agent_parts(exp.agent, exp.env, agent_cfg)
   agent, networks, replay_spec = parts.agent, parts.networks, parts.replay_spec
@@ -196,16 +258,21 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   actor_key = seeding.node_key(exp.seed, "actor", exp.process_id)
   # Each process feeds its own slice of the global batch from its own replay.
   local_batch_size = agent_cfg.batch_size // jax.process_count()
+  # One timer per thread: this one, and the Reverb batch-prefetch thread's.
+  timer = report.PhaseTimer()
+  prefetch_timer = None if exp.deterministic else report.PhaseTimer()
   replay = make_replay(parts, agent_cfg, exp, local_batch_size, mesh, run_dir,
-                       restore_from=Checkpointer.replay_dir(resume_info) if resume_info else None)
+                       restore_from=Checkpointer.replay_dir(resume_info) if resume_info else None,
+                       timer=timer if exp.deterministic else prefetch_timer)
   learner = Learner(agent.make_learner(networks, agent_cfg), learner_key, replay.batches,
-                    replay.update_priorities if replay_spec.prioritized else None, mesh=mesh)
+                    replay.update_priorities if replay_spec.prioritized else None, mesh=mesh, timer=timer)
   initial_digest = params_digest(learner.get_variables()[0])  # the same embedded and distributed for a seed
   block_writer = make_block_writer(replay_spec, replay.writer)
   adder = make_adder(replay_spec, exp.num_envs, agent_cfg)
   variables = VariableClient(learner)
+  # The learner times its parameter copies itself (the policy's fetch is a cached read otherwise).
   actor = Actor(env, LocalPolicy(agent.make_policy(networks, agent_cfg), variables, actor_key),
-                adder=adder, sink=block_writer.add)
+                adder=adder, sink=block_writer.add, timer=timer)
   evaluator_seed = seeding.env_seed(exp.seed, "evaluator")
   evaluator = Evaluator(exp.env, agent.make_policy(networks, agent_cfg, evaluation=True),
                         exp.eval_episodes, seed=evaluator_seed)
@@ -253,12 +320,23 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
 
   start = time.monotonic()
   elapsed = lambda: loop.wall_before + time.monotonic() - start
+  loop_started = time.perf_counter()
+  timer.start()
+  report.watch_compiles(timer)  # JIT compilation in this thread is its own phase
+  plots.preload_in_background()  # matplotlib loads while the first calls compile
+  first_step_unix = time.time()
+  at_start = Counts(actor.env_steps, learner.steps, learner.version, block_writer.transitions_written)
+  last_step = time.perf_counter()
   last_log = (start, actor.env_steps, learner.steps)  # time, actor steps, learner steps
 
   def snapshot_info(**extra) -> Dict[str, Any]:
     return {"actor_steps": actor.env_steps, "learner_steps": learner.steps, **extra}
 
   def evaluate():
+    with timer.phase(report.EVAL):
+      _evaluate()
+
+  def _evaluate():
     loop.last_eval_steps = actor.env_steps
     eval_index = evaluator.state()["count"]
     params = learner.get_variables()[0]
@@ -269,9 +347,14 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
     loop.last_eval = {"eval_return": row["eval_return"], "eval_index": eval_index, "eval_seed": evaluator_seed,
                       "eval_episodes": exp.eval_episodes}
     if row["is_best"]:
-      save_policy(run_dir, "best", params, snapshot_info(**loop.last_eval))
+      with timer.phase(report.CHECKPOINT):
+        save_policy(run_dir, "best", params, snapshot_info(**loop.last_eval))
 
   def save_checkpoint():
+    with timer.phase(report.CHECKPOINT):
+      _save_checkpoint()
+
+  def _save_checkpoint():
     params = learner.get_variables()[0]
     loop_state = loop.state()
     loop_state["wall_before"] = elapsed()
@@ -289,6 +372,7 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   try:
     while actor.env_steps < exp.steps:
       stats = actor.step()
+      last_step = time.perf_counter()
       loop.episodes_total += len(stats.returns)
       loop.recent_returns += stats.returns
       loop.recent_lengths += stats.lengths
@@ -333,8 +417,10 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
       evaluate()
     save_checkpoint()
     final_params = learner.get_variables()[0]
-    save_policy(run_dir, "final", final_params, snapshot_info(**loop.last_eval))
+    with timer.phase(report.CHECKPOINT):
+      save_policy(run_dir, "final", final_params, snapshot_info(**loop.last_eval))
   finally:
+    report.unwatch_compiles()
     replay.close()
     evaluator.close()
     env.close()
@@ -343,6 +429,18 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
     tb.close()
 
   wall = elapsed()
+  timer.stop()
+  nodes = [timer.node("main", "embedded")]
+  if prefetch_timer is not None:
+    nodes.append(prefetch_timer.node("prefetch", "sampler", helper=True))
+  rates = session_rates(at_start, Counts(actor.env_steps, learner.steps, learner.version,
+                                         block_writer.transitions_written),
+                        timer.wall(), local_batch_size, replay_spec)
+  rates["setup_seconds"] = loop_started - entered
+  result, report_text, report_fields = report.build_report(
+      nodes, rates, title=f"{exp.agent} on {exp.env}, seed {exp.seed}: where the time went",
+      extras={"notes": REPORT_NOTES})
+  write_bytes_atomic(os.path.join(run_dir, REPORT_FILE), report_text.encode())
   summary = {
       "agent": exp.agent, "env": exp.env, "seed": exp.seed, "replay": replay.kind,
       "actor_steps": actor.env_steps, "learner_steps": learner.steps, "episodes": loop.episodes_total,
@@ -350,9 +448,16 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
       "learner_devices": int(mesh.devices.size), "learner_processes": jax.process_count(),
       "resumed": saved is not None, "checkpoints": [os.path.basename(p) for p in checkpointer.all()],
       "initial_params_digest": initial_digest, "params_digest": params_digest(final_params),
+      **report_fields,
+      # When this session's first and last env steps began and ended (time.time()), and the
+      # seconds from the last one to this summary (final evaluation, checkpoint, shutdown).
+      "first_step_unix": round(first_step_unix, 3),
+      "last_step_unix": round(first_step_unix + (last_step - loop_started), 3),
+      "seconds_after_last_step": round(time.perf_counter() - last_step, 3),
   }
   write_json(os.path.join(run_dir, SUMMARY_FILE), summary)
   plots.plot_learning_curve(run_dir, f"{exp.agent} on {exp.env}, seed {exp.seed}", threshold)
+  progress.maybe_print(f"report: {result.advice} ({os.path.join(run_dir, REPORT_FILE)})", force=True)
   progress.maybe_print(f"done: {actor.env_steps} steps in {wall:.1f}s | eval {summary['eval_return']:.1f} "
                        f"(best {summary['best_eval_return']:.1f}) | steps to threshold "
                        f"{summary['steps_to_threshold']} | {run_dir}", force=True)

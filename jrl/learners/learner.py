@@ -8,6 +8,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from jrl.experiment.report import NULL_TIMER, PARAM_FETCH, SAMPLE_WAIT, UPDATE
 from jrl.learners import sharding
 from jrl.replay.batches import PreparedBatch, item_priorities
 from jrl.types import LearnerFns, PRNGKey
@@ -34,11 +35,14 @@ class Learner:
   The update runs data-parallel over `mesh` (default: one device): state
   replicated, batches split along B. Batches may arrive already placed by
   `sharding.put_batch` (the prefetch thread does this); host batches are placed here.
+  `timer` (a `jrl.experiment.report.PhaseTimer`) splits each call into the wait for its
+  batch and the update, and times the copies of new parameters for `get_variables`.
   """
 
   def __init__(self, fns: LearnerFns, key: PRNGKey, batches: Iterator[PreparedBatch],
                update_priorities: Optional[Callable[[Dict[int, float]], None]] = None,
-               mesh: Optional[Mesh] = None):
+               mesh: Optional[Mesh] = None, timer=None):
+    self.timer = timer if timer is not None else NULL_TIMER
     self._fns = fns
     self.mesh = mesh if mesh is not None else sharding.make_mesh(1)
     replicated = sharding.replicated(self.mesh)
@@ -65,17 +69,22 @@ class Learner:
     self._served = (-1, None)
 
   def step(self) -> Dict[str, float]:
-    prepared = next(self._batches)
-    state, metrics = self._update_many(self._state, sharding.put_batch(prepared.batch, self.mesh))
-    priorities = metrics.pop("priorities", None)
-    if self._update_priorities is not None and priorities is not None:
-      self._update_priorities(item_priorities(self._local_rows(np.asarray(priorities)), prepared.item_keys,
-                                              prepared.item_index))
-    with self._lock:
-      self._state = state
-      self.steps += int(prepared.batch.weights.shape[0])
-      self.version += 1
-    return {k: float(np.mean(v)) for k, v in jax.device_get(metrics).items()}
+    self.timer.enter(SAMPLE_WAIT)
+    try:
+      prepared = next(self._batches)
+      self.timer.switch(UPDATE)
+      state, metrics = self._update_many(self._state, sharding.put_batch(prepared.batch, self.mesh))
+      priorities = metrics.pop("priorities", None)
+      if self._update_priorities is not None and priorities is not None:
+        self._update_priorities(item_priorities(self._local_rows(np.asarray(priorities)), prepared.item_keys,
+                                                prepared.item_index))
+      with self._lock:
+        self._state = state
+        self.steps += int(prepared.batch.weights.shape[0])
+        self.version += 1
+      return {k: float(np.mean(v)) for k, v in jax.device_get(metrics).items()}
+    finally:
+      self.timer.exit()
 
   def snapshot(self) -> Tuple[object, int, int]:
     """(state, steps, version) of one moment, from any thread (e.g. a checkpoint request)."""
@@ -93,5 +102,9 @@ class Learner:
   def get_variables(self) -> Tuple[object, int]:
     """(params, version), params as single-device arrays of this process."""
     if self._served[0] != self.version:
+      # Timed as a parameter fetch when asked from the timer's own thread (servers may ask from others).
+      timer = self.timer if getattr(self.timer, "thread", None) == threading.get_ident() else NULL_TIMER
+      timer.enter(PARAM_FETCH)
       self._served = (self.version, sharding.local_copy(self._fns.params(self._state)))
+      timer.exit()
     return self._served[1], self.version

@@ -17,6 +17,7 @@ from typing import Callable, Dict, Iterator, NamedTuple, Optional
 import jax
 import numpy as np
 
+from jrl.experiment.report import QUEUE_WAIT
 from jrl.replay.buffer import SampledItems
 from jrl.types import LearnerBatch, Transition
 
@@ -86,12 +87,15 @@ class PrefetchIterator:
   """Runs `produce` on a background thread, keeping up to `depth` results ready.
 
   The producer's work (sampling, assembling, device placement) overlaps the
-  learner's update. An error in the producer is raised by `__next__`.
+  learner's update. An error in the producer is raised by `__next__`. `timer` (a
+  `jrl.experiment.report.PhaseTimer` of this thread) is started with the thread and
+  charges the waits on a full queue to `queue_wait`; `produce` may time its own phases.
   """
 
   def __init__(self, produce: Callable[[], PreparedBatch], depth: int = 2,
-               stop: Optional[threading.Event] = None):
+               stop: Optional[threading.Event] = None, timer=None):
     self._produce = produce
+    self.timer = timer
     self._queue: "queue.Queue" = queue.Queue(maxsize=depth)
     # Set by `close()`, or by the caller (e.g. Launchpad's stop event): `__next__`
     # then ends the iteration instead of waiting on a producer that may never return.
@@ -100,17 +104,28 @@ class PrefetchIterator:
     self._thread.start()
 
   def _run(self):
+    timer = self.timer
+    if timer is not None:
+      timer.start()
     try:
       while not self._stop.is_set():
         item = self._produce()
+        if timer is not None:
+          timer.enter(QUEUE_WAIT)
         while not self._stop.is_set():
           try:
             self._queue.put(item, timeout=0.1)
             break
           except queue.Full:
             continue
+        if timer is not None:
+          timer.exit()
     except BaseException as e:  # handed to the consumer, never swallowed
-      self._queue.put(_Failure(e))
+      if not self._stop.is_set():  # after a stop, nobody is left to take it (and the queue may be full)
+        self._queue.put(_Failure(e))
+    finally:
+      if timer is not None:
+        timer.stop()
 
   def __iter__(self) -> Iterator[PreparedBatch]:
     return self

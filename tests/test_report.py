@@ -1,0 +1,183 @@
+"""The run report: phase timers, the bottleneck verdict, and real runs that it names right."""
+
+import json
+import os
+import time
+
+import gymnasium as gym
+import pytest
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+from jrl.agents import dqn
+from jrl.experiment import report
+from jrl.experiment.config import ExperimentConfig
+from jrl.experiment.report import NodeTimes, PhaseTimer
+from jrl.experiment.runner import run
+
+
+class FakeClock:
+  def __init__(self):
+    self.now = 0.0
+
+  def __call__(self):
+    return self.now
+
+  def tick(self, seconds):
+    self.now += seconds
+
+
+def test_timer_attributes_every_instant_to_one_phase():
+  clock = FakeClock()
+  timer = PhaseTimer(clock=clock).start()
+  clock.tick(1)                     # other
+  timer.enter("policy")
+  clock.tick(2)
+  timer.enter("param_fetch")        # nested: exclusive of policy
+  clock.tick(3)
+  timer.exit()
+  clock.tick(4)                     # policy again
+  timer.switch("env")
+  clock.tick(5)
+  timer.exit()
+  clock.tick(6)                     # other
+  with timer.phase("eval"):
+    clock.tick(7)
+  timer.stop()
+  clock.tick(100)                   # after stop: not counted
+  assert timer.totals() == {"other": 7, "policy": 6, "param_fetch": 3, "env": 5, "eval": 7}
+  assert timer.wall() == 28 == sum(timer.totals().values())
+  assert timer.calls == {"param_fetch": 1, "policy": 1, "env": 1, "eval": 1}
+
+
+def test_timer_totals_while_running_and_moved_compile_time():
+  clock = FakeClock()
+  timer = PhaseTimer(clock=clock).start()
+  timer.enter("update")
+  clock.tick(5)
+  timer.move(2, report.COMPILE)     # learnt after the fact, while `update` is still open
+  assert timer.totals() == {"update": 3, "compile": 2}
+  assert sum(timer.totals().values()) == timer.wall() == 5
+
+
+def test_compile_intervals_are_counted_once_when_nested():
+  clock = FakeClock()
+  timer = PhaseTimer(clock=clock).start()
+  timer.enter("policy")
+  clock.tick(10)
+  watch = report._CompileWatch(timer)
+  watch.add(end=3.0, duration=1.0)   # inner jit traced inside the outer trace [0, 4]
+  watch.add(end=4.0, duration=4.0)   # outer trace
+  watch.add(end=6.0, duration=2.0)   # backend compile after it
+  assert timer.totals()[report.COMPILE] == pytest.approx(6.0)
+  assert timer.totals()["policy"] == pytest.approx(4.0)
+
+
+def test_null_timer_records_nothing():
+  timer = report.NULL_TIMER
+  timer.enter("env")
+  timer.switch("policy")
+  timer.exit()
+  with timer.phase("eval"):
+    pass
+
+
+def _node(name, role, wall, helper=False, **phases):
+  return NodeTimes(name, role, phases, wall, helper=helper)
+
+
+def test_verdict_of_a_serial_run_is_its_largest_phase_compile_aside():
+  nodes = [_node("main", "embedded", 10, env=5, policy=1, update=2, compile=2)]
+  result = report.verdict(nodes)
+  assert (result.bottleneck, result.node, result.phase) == ("env", "main", "env")
+  assert result.share == 0.5 and result.advice.startswith("env-bound: 50% of main time steps the envs")
+  heavy_compile = report.verdict([_node("main", "embedded", 10, env=1, update=3, compile=6)])
+  assert heavy_compile.bottleneck == "learner" and "JIT compilation took another 60%" in heavy_compile.advice
+
+
+def test_verdict_when_the_learner_waits_for_batches_names_replay():
+  nodes = [_node("main", "embedded", 10, env=1, update=2, sample_wait=7),
+           _node("prefetch", "sampler", 10, helper=True, sample=8, assemble=1, queue_wait=1)]
+  result = report.verdict(nodes)
+  assert result.bottleneck == "replay" and result.node == "main"
+  assert "waits for learner batches" in result.advice and "prefetch samples replay 80%" in result.advice
+
+
+def test_verdict_of_a_distributed_run_finds_the_stage_that_does_not_wait():
+  learner_bound = [_node("actor/0", "actor", 10, env=0.5, policy=0.2, insert=0.1, rate_limit_wait=9.2),
+                   _node("actor/1", "actor", 10, env=0.5, policy=0.2, insert=0.1, rate_limit_wait=9.2),
+                   _node("learner", "learner", 10, update=9.5, sample_wait=0.5)]
+  result = report.verdict(learner_bound)
+  assert result.bottleneck == "learner" and result.node == "learner"
+  assert "actor waits on replay's rate limiter 92% of its time" in result.advice
+  assert "--updates_per_call" in result.advice
+  actor_bound = [_node("actor/0", "actor", 10, env=8, policy=1.5, insert=0.5),
+                 _node("learner", "learner", 10, update=3, sample_wait=7)]
+  assert report.verdict(actor_bound).bottleneck == "env"
+  server_bound = [_node("actor/0", "actor", 10, env=1, inference_wait=9),
+                  _node("inference/0", "inference", 10, policy=9.5, idle=0.5)]
+  assert report.verdict(server_bound).bottleneck == "policy"
+
+
+def test_report_text_and_summary_fields():
+  nodes = [_node("main", "embedded", 4.0, env=3.0, update=0.9, other=0.1)]
+  rates = {"env_steps_per_second": 500.0, "updates_per_second": 120.5, "samples_per_insert": None}
+  result, text, fields = report.build_report(nodes, rates, title="T", extras={"policy lag": 1.5,
+                                                                             "inference batch sizes": {1: 3, 2: 7}})
+  assert text.startswith("# T\n") and "**bottleneck: env**" in text and result.advice in text
+  assert "| env | 3.000 | 75.0% |" in text and "| env_steps_per_second | 500 |" in text
+  assert "## inference batch sizes" in text and "| 2 | 7 |" in text
+  assert fields["bottleneck"] == "env" and fields["phase_seconds"] == {"main": {"env": 3.0, "update": 0.9,
+                                                                               "other": 0.1}}
+  assert report.phases_add_up(nodes[0])
+
+
+class SlowCartPole(CartPoleEnv):
+  """CartPole whose every step costs 2 ms more: an env-bound run."""
+
+  def step(self, action):
+    time.sleep(0.002)
+    return super().step(action)
+
+
+if "SlowCartPole-v1" not in gym.registry:
+  gym.register("SlowCartPole-v1", entry_point=SlowCartPole, max_episode_steps=500, reward_threshold=475.0)
+
+QUIET = dict(progress_seconds=0, checkpoint_every_seconds=0, eval_episodes=2, log_every=500)
+
+
+def _check_run(summary):
+  """report.md exists and names the bottleneck; the main thread's phases add up to the wall time."""
+  run_dir = summary["run_dir"]
+  text = open(os.path.join(run_dir, "report.md")).read()
+  assert f"**bottleneck: {summary['bottleneck']}**" in text
+  saved = json.load(open(os.path.join(run_dir, "summary.json")))
+  for key in ("bottleneck", "bottleneck_advice", "phase_seconds", "env_steps_per_second", "updates_per_second",
+              "samples_per_insert"):
+    assert key in saved, key
+  main = summary["phase_seconds"]["main"]
+  assert sum(main.values()) == pytest.approx(summary["wall_seconds"], rel=0.05), main
+  return main
+
+
+def test_a_slow_env_makes_the_report_name_the_env(tmp_path):
+  exp = ExperimentConfig(env="SlowCartPole-v1", steps=2_000, deterministic=True, eval_every=10**6,
+                         run_dir=str(tmp_path / "slow-env"), **QUIET)
+  summary = run(exp, dqn.Config(hidden_sizes=(32, 32), min_replay_size=500, samples_per_insert=16.0))
+  main = _check_run(summary)
+  assert summary["bottleneck"] == "env", (summary["bottleneck_advice"], main)
+  assert main["env"] >= 2_000 * 0.002  # every env step slept 2 ms
+  assert summary["env_steps_per_second"] < 500
+
+
+def test_a_slow_learner_makes_the_report_name_the_learner(tmp_path):
+  """A big network and one update per env step, through Reverb (the prefetch thread is reported too)."""
+  exp = ExperimentConfig(steps=1_000, eval_every=10**6, run_dir=str(tmp_path / "slow-learner"), **QUIET)
+  cfg = dqn.Config(hidden_sizes=(1024, 1024, 1024), batch_size=32, samples_per_insert=32.0, min_replay_size=400)
+  summary = run(exp, cfg)
+  main = _check_run(summary)
+  assert summary["bottleneck"] == "learner", (summary["bottleneck_advice"], main)
+  assert set(summary["phase_seconds"]) == {"main", "prefetch"}
+  prefetch = summary["phase_seconds"]["prefetch"]
+  assert sum(prefetch.values()) == pytest.approx(summary["phase_wall_seconds"]["prefetch"], rel=0.05)
+  # One update per env step once replay holds min_size transitions, as samples_per_insert asks.
+  assert summary["samples_per_insert"] == pytest.approx(32.0, rel=0.15)
