@@ -1,10 +1,15 @@
-"""Import-order workaround for the pinned stack.
+"""Import-order workarounds for the pinned stack.
 
-TFP 0.25 (imported by rlax and distrax) force-loads its TensorFlow-backed
-modules when TensorFlow is already imported, and those refuse TF 2.8. Where
-TensorFlow is imported first and we cannot change that (Launchpad's node entry
-point imports courier, hence TF, before our code), hide it from TFP's check
-while rlax and distrax import; TFP's JAX substrate never touches TF.
+TFP 0.25 (imported by rlax and distrax) imports TensorFlow whenever it is installed,
+only to copy docstrings (tensorflow_probability/python/internal/backend/jax/_utils.py):
+1.5-2 s of start-up that runs without Reverb never need. While rlax and distrax import,
+TensorFlow is made unimportable (TFP then skips the docstrings); a later
+`import tensorflow` (Reverb's) works as usual.
+
+Where TensorFlow is already imported (Launchpad's node entry point imports courier,
+hence TF, before our code), TFP 0.25 would force-load its TensorFlow-backed modules,
+and those refuse TF 2.8: hide it from TFP's check while rlax and distrax import; TFP's
+JAX substrate never touches TF.
 """
 
 import sys
@@ -15,8 +20,15 @@ def import_jax_probability() -> None:
     return
   tf = sys.modules.get("tensorflow")
   if tf is None:
-    import distrax  # noqa: F401
-    import rlax  # noqa: F401
+    blocked = "tensorflow" not in sys.modules
+    if blocked:
+      sys.modules["tensorflow"] = None  # `import tensorflow` raises ImportError meanwhile
+    try:
+      import distrax  # noqa: F401
+      import rlax  # noqa: F401
+    finally:
+      if blocked and sys.modules.get("tensorflow", 0) is None:
+        del sys.modules["tensorflow"]
     return
   del sys.modules["tensorflow"]
   try:
@@ -24,3 +36,23 @@ def import_jax_probability() -> None:
     import rlax  # noqa: F401,F811
   finally:
     sys.modules["tensorflow"] = tf
+
+
+def import_reverb() -> None:
+  """Imports reverb (and so TensorFlow) without TensorFlow's eager load of Keras.
+
+  TF 2.8's `__init__` imports the whole Keras package (~0.4 s) and skips it on an
+  ImportError; Reverb never uses Keras. Keras stays importable afterwards (`tf.keras`
+  loads it on first use). Where TensorFlow is already loaded this is a plain import.
+  """
+  import_jax_probability()
+  if "reverb" in sys.modules:
+    return
+  blocked = "tensorflow" not in sys.modules and "keras" not in sys.modules
+  if blocked:
+    sys.modules["keras"] = None
+  try:
+    import reverb  # noqa: F401
+  finally:
+    if blocked and sys.modules.get("keras", 0) is None:
+      del sys.modules["keras"]

@@ -3,7 +3,10 @@
 import importlib
 from types import ModuleType
 
+from jrl import compat
 from jrl.errors import ConfigError
+
+compat.import_jax_probability()  # rlax and distrax without TensorFlow (see jrl/compat.py)
 
 AGENTS = {"dqn": "jrl.agents.dqn", "impala": "jrl.agents.impala", "ppo": "jrl.agents.ppo", "sac": "jrl.agents.sac"}
 

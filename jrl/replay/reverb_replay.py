@@ -9,7 +9,7 @@ from typing import Callable, Dict, Optional
 
 from jrl import compat
 
-compat.import_jax_probability()  # before reverb pulls TensorFlow in (see jrl/compat.py)
+compat.import_reverb()  # rlax and distrax first, and TensorFlow without Keras (see jrl/compat.py)
 
 import numpy as np
 import reverb

@@ -1,0 +1,46 @@
+"""Start-up and exit of the command line: what a run loads, and how soon it ends after `done:`."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Exit after the `done:` line takes ~0.1 s (the interpreter's teardown is skipped once the
+# run has written everything) and ~1.2 s without that; Reverb runs used to hang 20-46 s
+# there (tf.data's autotuning thread, waited out by the sampler's destructor). 3 s leaves
+# room for a loaded two-core CI machine and is far below the hang.
+EXIT_LIMIT_S = 3.0
+
+
+def test_a_deterministic_run_loads_neither_tensorflow_nor_reverb(tmp_path):
+  code = ("import sys\n"
+          "from launch.train import main\n"
+          f"main(['--deterministic', '--steps', '200', '--min_replay_size', '100', '--eval_episodes', '1', "
+          f"'--progress_seconds', '0', '--run_dir', {str(tmp_path / 'run')!r}])\n"
+          "print(sorted(m for m in ('tensorflow', 'reverb', 'keras', 'launchpad') if m in sys.modules))\n")
+  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
+def test_a_reverb_run_stopped_at_its_threshold_exits_right_after_done(tmp_path):
+  """The case that hung: Reverb replay, stopped early by --stop_at_threshold."""
+  run_dir = tmp_path / "run"
+  # Before the fix this command ended 5 s after its done: line here (28-46 s for longer runs).
+  cmd = [sys.executable, "-u", "-m", "launch.train", "--steps", "100000", "--eval_every", "3000",
+         "--stop_at_threshold", "--reward_threshold", "5", "--progress_seconds", "1", "--run_dir", str(run_dir)]
+  proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  done_at, lines = None, []
+  for line in proc.stdout:
+    lines.append(line)
+    if "] done:" in line:
+      done_at = time.monotonic()
+  proc.wait(timeout=300)
+  exited = time.monotonic()
+  assert proc.returncode == 0 and done_at is not None, "".join(lines[-20:])
+  summary = json.load(open(run_dir / "summary.json"))
+  assert summary["replay"] == "reverb" and summary["actor_steps"] == 3000  # stopped at the first evaluation
+  assert exited - done_at < EXIT_LIMIT_S, f"{exited - done_at:.1f} s from done: to exit"
