@@ -131,6 +131,25 @@ def test_report_text_and_summary_fields():
   assert report.phases_add_up(nodes[0])
 
 
+def test_nodes_travel_as_dicts_and_the_report_is_written(tmp_path):
+  """What a distributed run does: nodes send their times, the launcher writes the report."""
+  clock = FakeClock()
+  timer = PhaseTimer(clock=clock).start()
+  timer.enter("update")
+  clock.tick(3)
+  timer.switch("sample_wait")
+  clock.tick(1)
+  timer.exit()
+  timer.stop()
+  sent = json.loads(json.dumps(timer.node("learner", "learner").as_dict()))
+  learner = NodeTimes.from_dict(sent)
+  assert learner == timer.node("learner", "learner")
+  actor = NodeTimes("actor/0", "actor", {"env": 1.0, "rate_limit_wait": 3.0}, 4.0)
+  result, fields = report.write_report(str(tmp_path), [actor, learner], {"env_steps_per_second": 10.0}, title="T")
+  assert result.bottleneck == "learner" and fields["bottleneck"] == "learner"
+  assert "**bottleneck: learner**" in (tmp_path / "report.md").read_text()
+
+
 class SlowCartPole(CartPoleEnv):
   """CartPole whose every step costs 2 ms more: an env-bound run."""
 

@@ -28,13 +28,14 @@ inference_wait: inference). The embedded runner's main thread is one serial stag
 its largest phase decides; helper threads (its batch prefetch) are not stages, they
 explain the waits on them. The advice adds who waits on the bottleneck and what to change.
 
-A distributed run feeds it the same way: each node keeps a `PhaseTimer`, sends
-`timer.totals()` and `timer.wall()` when it stops (or the supervisor collects them from
-each node's metrics), and the launcher calls `build_report` with one `NodeTimes` per
-node (several actors may share a role; the verdict sums them per role) and the
-program's rates, then writes `report_markdown(...)` to RUN_DIR/report.md and
-`summary_fields(...)` into summary.json. Extras such as an inference batch-size
-histogram or the policy lag go through `extras`.
+A distributed run feeds it the same way: each node times its thread with a `PhaseTimer`
+(the shells take one: `Actor(timer=)`, `LocalPolicy(timer=)`, `Learner(timer=)`,
+`PrefetchIterator(timer=)`), and when it stops sends `timer.node(name, role).as_dict()`
+(or writes it next to its logs); the launcher rebuilds them with `NodeTimes.from_dict`
+and calls `write_report(run_dir, nodes, rates, title, extras)` with one `NodeTimes` per
+node (several actors share a role: the verdict sums them into one stage), then merges
+the returned fields into summary.json. Extras such as the inference batch-size
+histogram (a {size: count} mapping becomes a table) or the policy lag go through `extras`.
 """
 
 import collections
@@ -116,6 +117,10 @@ class PhaseTimer:
     self.thread: Optional[int] = None  # the thread it times (set by start)
 
   def start(self) -> "PhaseTimer":
+    """Starts (or restarts) the books: what was recorded before is dropped."""
+    self.seconds.clear()
+    self.calls.clear()
+    del self._stack[1:]
     self.thread = threading.get_ident()
     self._started = self._since = self._clock()
     self._stopped = None
@@ -301,6 +306,15 @@ class NodeTimes:
   def busy_share(self) -> float:
     return 1.0 - self.waiting / self.wall if self.wall > 0 else 0.0
 
+  def as_dict(self) -> Dict[str, Any]:
+    """Plain JSON-able form (to send from a node, or to write next to its logs)."""
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, data: Mapping[str, Any]) -> "NodeTimes":
+    return cls(data["name"], data["role"], dict(data["phases"]), float(data["wall"]), dict(data.get("calls", {})),
+               bool(data.get("helper", False)))
+
 
 @dataclasses.dataclass
 class Verdict:
@@ -418,6 +432,16 @@ def build_report(nodes: Sequence[NodeTimes], rates: Mapping[str, Any], title: st
   """(verdict, report.md text, summary.json fields) in one call."""
   result = verdict(nodes)
   return result, report_markdown(nodes, rates, result, title, extras), summary_fields(nodes, rates, result)
+
+
+def write_report(run_dir: str, nodes: Sequence[NodeTimes], rates: Mapping[str, Any], title: str = "Run report",
+                 extras: Optional[Mapping[str, Any]] = None, file_name: str = "report.md"):
+  """Writes RUN_DIR/report.md (atomically); returns (verdict, summary.json fields)."""
+  import os
+  from jrl.experiment.files import write_bytes_atomic
+  result, text, fields = build_report(nodes, rates, title, extras)
+  write_bytes_atomic(os.path.join(run_dir, file_name), text.encode())
+  return result, fields
 
 
 def phases_add_up(node: NodeTimes, tolerance: float = 0.05) -> bool:

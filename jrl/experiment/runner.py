@@ -34,7 +34,7 @@ from jrl.experiment.builder import (build_agent_parts, example_item, items_per_f
 from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import (CHECKPOINTS_DIR, CONFIG_FILE, SUMMARY_FILE, check_run_dir_target, config_payload,
-                                  write_bytes_atomic, write_json)
+                                  write_json)
 from jrl.experiment.logging import MetricsLogger, Progress, TensorBoard
 from jrl.learners import distributed, sharding
 from jrl.learners.learner import Learner, params_digest
@@ -437,10 +437,9 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
                                          block_writer.transitions_written),
                         timer.wall(), local_batch_size, replay_spec)
   rates["setup_seconds"] = loop_started - entered
-  result, report_text, report_fields = report.build_report(
-      nodes, rates, title=f"{exp.agent} on {exp.env}, seed {exp.seed}: where the time went",
-      extras={"notes": REPORT_NOTES})
-  write_bytes_atomic(os.path.join(run_dir, REPORT_FILE), report_text.encode())
+  result, report_fields = report.write_report(
+      run_dir, nodes, rates, title=f"{exp.agent} on {exp.env}, seed {exp.seed}: where the time went",
+      extras={"notes": REPORT_NOTES}, file_name=REPORT_FILE)
   summary = {
       "agent": exp.agent, "env": exp.env, "seed": exp.seed, "replay": replay.kind,
       "actor_steps": actor.env_steps, "learner_steps": learner.steps, "episodes": loop.episodes_total,
