@@ -1,0 +1,94 @@
+"""The topology advisor's model, on hand-made costs."""
+
+import pytest
+
+from launch import advise
+from launch.advise import Costs, Topology, Workload, at, predict, recommend
+
+MS = 1e-3
+DQN = Workload(batch_size=128, samples_per_insert=128.0)  # one update per env step
+
+
+def costs(env_per_env_ms=0.02, env_fixed_ms=0.05, policy_fixed_ms=0.1, policy_per_obs_ms=0.001, insert_us=5.0,
+          update_ms=0.5, call_ms=0.3, sample_ms=0.2, cores=8.0):
+  """Costs shaped like the measured ones: a fixed part per call plus a part per item."""
+  return Costs(
+      env={n: (env_fixed_ms + env_per_env_ms * n) * MS for n in (1, 2, 4, 8, 16, 32, 64)},
+      policy={b: (policy_fixed_ms + policy_per_obs_ms * b) * MS for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)},
+      insert={n: insert_us * n * 1e-6 for n in (1, 2, 4, 8, 16, 32, 64)},
+      learner={u: (call_ms + update_ms * u) * MS for u in (1, 2, 4, 8, 16)},
+      sample={u: sample_ms * u * MS for u in (1, 2, 4, 8, 16)},
+      cores=cores, rpc=1 * MS)
+
+
+def test_interpolation_and_extrapolation():
+  table = {1: 1.0, 4: 4.0, 8: 6.0}
+  assert at(table, 4) == 4.0 and at(table, 2) == pytest.approx(2.0) and at(table, 6) == pytest.approx(5.0)
+  assert at(table, 16) == pytest.approx(10.0)  # the last slope, 0.5 per item
+  assert at({8: 2.0}, 16) == pytest.approx(4.0)
+
+
+def test_embedded_prediction_is_the_serial_sum_per_env_step():
+  c = costs(cores=1.0)
+  p = predict(c, DQN, Topology("embedded", 1, 8, 4))
+  per_step = (c.env[8] + c.policy[8] + c.insert[8]) / 8 + (1 / 4) * (c.learner[4] + c.sample[4])  # 1 core: no overlap
+  assert p.env_steps_per_second == pytest.approx(1 / per_step)
+  assert p.bound == "learner"
+  two_cores = predict(costs(cores=2.0), DQN, Topology("embedded", 1, 8, 4))
+  assert two_cores.env_steps_per_second > p.env_steps_per_second  # sampling overlaps on the second core
+
+
+def test_learner_bound_work_gains_from_larger_calls_and_not_from_actors():
+  c = costs(update_ms=0.1, call_ms=1.0)  # call overhead dominates the update itself
+  small = predict(c, DQN, Topology("actor", 4, 8, 1))
+  large = predict(c, DQN, Topology("actor", 4, 8, 16))
+  assert small.bound == "learner" and large.env_steps_per_second > 3 * small.env_steps_per_second
+  assert predict(c, DQN, Topology("actor", 8, 8, 1)).env_steps_per_second == pytest.approx(
+      small.env_steps_per_second)  # more actors do not help a learner-bound run
+
+
+def test_env_bound_work_scales_with_actors_up_to_the_cores():
+  c = costs(env_per_env_ms=1.0, update_ms=0.01, call_ms=0.01, sample_ms=0.01, cores=8.0)
+  rates = {a: predict(c, DQN, Topology("actor", a, 8, 16)).env_steps_per_second for a in (1, 2, 4, 8, 16)}
+  assert rates[2] == pytest.approx(2 * rates[1], rel=0.01) and rates[4] == pytest.approx(4 * rates[1], rel=0.01)
+  assert predict(c, DQN, Topology("actor", 16, 8, 16)).bound == "cpu"
+  assert rates[16] <= (8 - advise.SIDE_PROCESSES_CORES) * rates[1] * 1.01
+  best, _ = recommend(c, DQN, max_actors=16)
+  assert best.topology.placement == "actor" and best.topology.num_actors >= 6
+
+
+def test_a_costly_policy_that_batches_well_favours_the_server_when_cores_are_short():
+  c = costs(policy_fixed_ms=2.0, policy_per_obs_ms=0.001, env_per_env_ms=0.05, update_ms=0.001, call_ms=0.01,
+            sample_ms=0.001, cores=4.0)
+  actor = predict(c, DQN, Topology("actor", 16, 1, 16))
+  server = predict(c, DQN, Topology("server", 16, 1, 16))
+  assert actor.bound == "cpu" and server.env_steps_per_second > 2 * actor.env_steps_per_second
+  plenty = costs(policy_fixed_ms=2.0, policy_per_obs_ms=0.001, env_per_env_ms=0.05, update_ms=0.001,
+                 call_ms=0.01, sample_ms=0.001, cores=64.0)
+  # With a core per actor, each actor's own policy call is faster than a round trip to a server.
+  assert predict(plenty, DQN, Topology("actor", 16, 1, 16)).env_steps_per_second > predict(
+      plenty, DQN, Topology("server", 16, 1, 16)).env_steps_per_second
+
+
+def test_recommendation_prefers_the_simpler_topology_within_the_margin():
+  c = costs(cores=2.0)
+  best, ranked = recommend(c, DQN, max_actors=4, margin=0.15)
+  assert best.env_steps_per_second >= 0.85 * ranked[0].env_steps_per_second
+  simpler = [p for p in ranked if p.env_steps_per_second >= 0.85 * ranked[0].env_steps_per_second]
+  assert best.topology.simplicity() == min(p.topology.simplicity() for p in simpler)
+  only_embedded, _ = recommend(c, DQN, 4, allowed=lambda t: t.placement == "embedded")
+  assert only_embedded.topology.placement == "embedded"
+
+
+def test_on_policy_work_makes_one_call_per_batch_of_sequences():
+  work = Workload(batch_size=64, samples_per_insert=1.0, sequence_length=128)
+  assert work.calls_per_step(4) == work.calls_per_step(1) == pytest.approx(1 / (64 * 128))
+
+
+def test_background_threads_count_against_the_cores():
+  """Reverb's sampling threads and XLA's threads use CPU the main thread's wall time does not show."""
+  c = costs(cores=2.0)
+  wall_only = predict(c, DQN, Topology("embedded", 1, 8, 4))
+  c.learner_cpu = {u: 3 * (v + c.sample[u]) for u, v in c.learner.items()}
+  busy = predict(c, DQN, Topology("embedded", 1, 8, 4))
+  assert busy.bound == "cpu" and busy.env_steps_per_second < wall_only.env_steps_per_second
