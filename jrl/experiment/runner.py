@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional
 import jax
 import numpy as np
 
-from jrl import envs, seeding
+from jrl import envs, jit_cache, seeding
 from jrl.actors.actor import Actor, LocalPolicy
 from jrl.actors.evaluator import Evaluator
 from jrl.actors.variables import VariableClient
@@ -236,6 +236,7 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   Every phase of the loop is timed (`jrl.experiment.report`): the run writes
   RUN_DIR/report.md and adds the bottleneck, the rates and the phase seconds to the summary."""
   entered = time.perf_counter()
+  jit_cache.enable_compilation_cache()  # a rerun loads its compiled programs (JRL_JAX_CACHE=off: never)
   distributed.initialize(exp.coordinator_address, exp.num_processes, exp.process_id)
   parts = build_agent_parts(exp.agent, exp.env, agent_cfg)
   agent, networks, replay_spec = parts.agent, parts.networks, parts.replay_spec
