@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jrl import jit_cache
 from jrl.agents import get_agent
 from jrl.device import replay as device_replay
 from jrl.device.envs import GymnaxVecEnv, reward_threshold
@@ -60,32 +61,6 @@ from jrl.types import LearnerBatch, Trajectory
 ROLES = ("actor", "learner", "evaluator")
 COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
                   "/jax/core/compile/backend_compile_duration")
-
-
-def default_cache_dir() -> str:
-  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return os.path.join(base, "jrl", "jax")
-
-
-def enable_compilation_cache(path: Optional[str] = None) -> Optional[str]:
-  """Turns on JAX's persistent compilation cache: `path`, else $JRL_JAX_CACHE, else
-  ~/.cache/jrl/jax (JRL_JAX_CACHE=off disables it). A second identical run then loads its
-  programs instead of compiling them. Returns the folder in use (None: off)."""
-  path = path or os.environ.get("JRL_JAX_CACHE") or default_cache_dir()
-  if path.lower() in ("off", "0", "none", "false"):
-    return None
-  if jax.config.jax_compilation_cache_dir == path:
-    return path
-  os.makedirs(path, exist_ok=True)
-  try:
-    from jax._src import compilation_cache  # the public setter cannot move a cache already in use
-    if getattr(compilation_cache, "_cache_initialized", False):
-      compilation_cache.reset_cache()
-  except (ImportError, AttributeError):
-    pass
-  jax.config.update("jax_compilation_cache_dir", path)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  return path
 
 
 class CompileClock:
@@ -408,7 +383,7 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
   iterations); the run ends with the first whole chunk that reaches `exp.steps`."""
   start = time.monotonic()
   clock = CompileClock()
-  cache_dir = enable_compilation_cache()
+  cache_dir = jit_cache.enable_compilation_cache()
   if exp.resume:
     raise ConfigError("resume", "the device backend does not checkpoint its loop yet; start a new run")
   if exp.num_processes > 1:
