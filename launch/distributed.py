@@ -29,7 +29,7 @@ import portpicker
 
 from jrl.errors import ConfigError
 from jrl.experiment.builder import build_agent_parts
-from jrl.experiment.checkpoint import Checkpointer
+from jrl.experiment.checkpoint import Checkpointer, checkpoint_to_resume
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import CONFIG_FILE, SUMMARY_FILE, check_run_dir_target, config_payload, write_json
 from jrl.experiment.logging import cut_rows
@@ -107,17 +107,12 @@ def prepare_session(exp: ExperimentConfig, agent_cfg) -> Tuple[nodes.Session, Op
     write_json(os.path.join(run_dir, CONFIG_FILE), config_payload(exp, agent_cfg))
     return nodes.Session(run_dir), None
   run_dir = os.path.abspath(exp.resume)
-  checkpointer = Checkpointer(run_dir, exp.keep_checkpoints)
-  info = checkpointer.latest()
+  info = checkpoint_to_resume(run_dir, exp.steps)
   if info is None:
-    print(f"[resume] {run_dir} has no checkpoint yet: the run starts over", flush=True)
     return nodes.Session(run_dir), None
   saved = Checkpointer.read_run_state(info)
   counts = saved["counter"]["counts"]
-  if counts.get("actor_steps", 0) >= exp.steps:
-    raise ConfigError("steps", f"the run already has {counts['actor_steps']:.0f} env steps; raise --steps above "
-                               "that to extend it")
-  checkpointer.clean_partial()
+  Checkpointer(run_dir).clean_partial()
   metrics = os.path.join(run_dir, "metrics")
   for path in glob.glob(os.path.join(metrics, "actor*.csv")):
     cut_rows(path, "total_actor_steps", counts.get("actor_steps", 0))

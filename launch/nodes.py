@@ -348,8 +348,10 @@ class LearnerNode:
   def _learn(self, logger):
     exp, lead = self._exp, self._process == 0
     last_time, last_steps = time.monotonic(), self._learner.steps
-    counts: Dict[str, float] = {}
-    schedule = CheckpointSchedule(exp.checkpoint_every_steps, exp.checkpoint_every_seconds)
+    counts = wait_unless_stopped(self._counter.futures.get_counts())
+    # A resumed run's schedule starts from the steps it already has.
+    schedule = CheckpointSchedule(exp.checkpoint_every_steps, exp.checkpoint_every_seconds,
+                                  int(counts.get("actor_steps", 0)))
     while not lp.stop_event().is_set():
       try:
         metrics = self._learner.step()

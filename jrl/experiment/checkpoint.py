@@ -194,6 +194,19 @@ class Checkpointer:
     return os.path.join(info.path, REPLAY)
 
 
+def checkpoint_to_resume(run_dir: str, steps: int) -> Optional[CheckpointInfo]:
+  """The newest checkpoint of a run being resumed, verified; None when it has none yet (the
+  run starts over). ConfigError if that checkpoint already has `steps` env steps."""
+  info = Checkpointer(run_dir).latest()
+  if info is None:
+    print(f"[resume] {run_dir} has no checkpoint yet: the run starts over", flush=True)
+    return None
+  done = info.manifest["counters"].get("actor_steps", 0)
+  if done >= steps:
+    raise ConfigError("steps", f"the run already has {done:.0f} env steps; raise --steps above that to extend it")
+  return info
+
+
 class CheckpointSchedule:
   """When to checkpoint: every `every_steps` env steps and every `every_seconds` of wall time
   (0 disables either)."""

@@ -26,12 +26,11 @@ from jrl import envs, jit_cache, seeding
 from jrl.actors.actor import Actor, LocalPolicy
 from jrl.actors.evaluator import Evaluator
 from jrl.actors.variables import VariableClient
-from jrl.errors import ConfigError
 from jrl.experiment import plots, report
 from jrl.experiment.bookkeeping import EvalHistory
 from jrl.experiment.builder import (build_agent_parts, example_item, items_per_fetch, make_adder, make_assembler,
                                     make_block_writer, success_threshold)
-from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule
+from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule, checkpoint_to_resume
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import (CHECKPOINTS_DIR, CONFIG_FILE, SUMMARY_FILE, check_run_dir_target, config_payload,
                                   write_json)
@@ -243,13 +242,8 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   mesh = sharding.make_mesh(exp.learner_devices)
   sharding.check_batch_size(agent_cfg.batch_size, mesh)
   threshold = success_threshold(exp)
-  resume_info = Checkpointer(exp.resume).latest() if exp.resume else None
-  if exp.resume and resume_info is None:
-    print(f"[resume] {exp.resume} has no checkpoint yet: the run starts over", flush=True)
+  resume_info = checkpoint_to_resume(exp.resume, exp.steps) if exp.resume else None
   saved: Optional[Dict[str, Any]] = Checkpointer.read_run_state(resume_info) if resume_info else None
-  if saved is not None and saved["actor"]["env_steps"] >= exp.steps:
-    raise ConfigError("steps", f"the run already has {saved['actor']['env_steps']} env steps; "
-                               f"raise --steps above that to extend it")
   run_dir = prepare_run_dir(exp, agent_cfg)
   checkpointer = Checkpointer(run_dir, exp.keep_checkpoints)
   checkpointer.clean_partial()
