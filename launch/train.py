@@ -25,7 +25,7 @@ _finished_embedded_run = False
 def main(argv: Optional[Sequence[str]] = None) -> int:
   global _finished_embedded_run
   argv = list(sys.argv[1:] if argv is None else argv)
-  from jrl.agents import AGENTS, get_agent
+  from jrl.agents import get_agent
   from jrl.errors import ConfigError
   from jrl.experiment.config import ExperimentConfig
   from jrl.experiment import resume
@@ -45,9 +45,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   except ConfigError as e:
     fail(PROG, e)
 
-  parser = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  add_dataclass_flags(parser, ExperimentConfig, "experiment")
-  add_dataclass_flags(parser, agent.Config, f"agent '{agent_name}' (known agents: {', '.join(sorted(AGENTS))})")
+  parser = make_parser(agent_name, agent)
   args = parser.parse_args(argv)
 
   try:
@@ -85,6 +83,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"{PROG}: interrupted", file=sys.stderr)
     return 130
   return 0
+
+
+def make_parser(agent_name: str, agent, prog: str = PROG) -> OneLineParser:
+  """The run's command line: one flag per field of the experiment config and of the agent's
+  config (launch.sweep checks its pass-through flags with the same parser)."""
+  from jrl.agents import AGENTS
+  from jrl.experiment.config import ExperimentConfig
+  parser = OneLineParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  add_dataclass_flags(parser, ExperimentConfig, "experiment")
+  add_dataclass_flags(parser, agent.Config, f"agent '{agent_name}' (known agents: {', '.join(sorted(AGENTS))})")
+  return parser
 
 
 def _exit(code: int) -> None:
