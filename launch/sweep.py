@@ -1,0 +1,223 @@
+"""Run one agent on one env over several seeds, then write a report over them.
+
+  python -m launch.sweep --agent dqn --env CartPole-v1 --seeds 0-4 --run_dir DIR [--parallel K] [any train flag]
+
+Each seed is a `python -m launch.train` subprocess with its own run directory
+`DIR/<agent>-<env>-s<seed>`, at most K at a time (default 1); its output goes to
+`DIR/logs/` and is echoed. A seed that fails is reported and the others go on. Then
+`DIR/report.md`, `DIR/report.json` and PNGs (see jrl.experiment.sweep_report); `DIR/sweep.json`
+records each seed's run directory and outcome. Seeds: `0-4`, `0,2,5`, `3`, or mixed (`0-2,7`).
+Train flags (`--steps 20000 --deterministic --hidden_sizes 64,64`) are checked by launch.train's
+own parser before any seed starts. Exit status: 0 when every seed finished, 1 when some failed,
+2 for bad input (nothing run).
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, NamedTuple, Optional, Sequence
+
+from launch.cli import OneLineParser, build_config, fail, given_fields
+
+PROG = "python -m launch.sweep"
+_OWNED = ("seed", "run_dir", "resume")  # set by the sweep for each seed
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Job(NamedTuple):
+  seed: int
+  name: str             # run directory's name inside the sweep folder
+  command: List[str]
+
+
+class Outcome(NamedTuple):
+  seed: int
+  name: str
+  returncode: int
+  seconds: float
+  error: str            # why it failed ("" when it finished)
+
+
+def parse_args(argv: Sequence[str]):
+  """(sweep args, train flags) after checking both; exits 2 with one line on bad input."""
+  from jrl.errors import ConfigError
+  from jrl.experiment import sweep_report
+  parser = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--agent", default="dqn", help="agent name or module (default dqn)")
+  parser.add_argument("--env", default="CartPole-v1", help="env id (default CartPole-v1)")
+  parser.add_argument("--seeds", required=True, help="seeds: 0-4, 0,2,5, 3 or 0-2,7")
+  parser.add_argument("--run_dir", default="", help="sweep folder (default runs/sweep-<agent>-<env>-<time>)")
+  parser.add_argument("--parallel", type=int, default=1, help="seeds run at once (default 1)")
+  parser.add_argument("--reps", type=int, default=sweep_report.DEFAULT_REPS,
+                      help=f"bootstrap resamples of the IQM/mean CIs (default {sweep_report.DEFAULT_REPS})")
+  parser.add_argument("--bootstrap_seed", type=int, default=0, help="seed of the bootstrap (default 0)")
+  args, train_argv = parser.parse_known_args(argv)
+  try:
+    args.seed_list = sweep_report.parse_seeds(args.seeds)
+    if args.parallel < 1:
+      raise ConfigError("parallel", f"must be >= 1, got {args.parallel}")
+    if args.reps < 1:
+      raise ConfigError("reps", f"must be >= 1, got {args.reps}")
+    for token in train_argv:
+      name = token[2:].split("=", 1)[0] if token.startswith("--") else ""
+      if name in _OWNED:
+        raise ConfigError(name, "is set by the sweep for each seed (use --seeds and the sweep's --run_dir)")
+    args.run_dir = args.run_dir or time.strftime(f"runs/sweep-{args.agent}-{args.env}-%Y%m%d-%H%M%S")
+    if os.path.exists(args.run_dir) and not os.path.isdir(args.run_dir):
+      raise ConfigError("run_dir", f"'{args.run_dir}' is an existing file, not a folder")
+    if os.path.isfile(os.path.join(args.run_dir, "config.json")):
+      raise ConfigError("run_dir", f"'{args.run_dir}' is a run, not a sweep folder")
+    check_train_flags(args.agent, args.env, args.seed_list[0], train_argv)
+  except ConfigError as e:
+    fail(PROG, e)
+  return args, train_argv
+
+
+def check_train_flags(agent_name: str, env: str, seed: int, train_argv: Sequence[str]) -> None:
+  """Everything launch.train checks before it starts, on one seed's command line: an unknown
+  agent, flag or env, a bad value. argparse errors exit 2 here; the rest raise ConfigError."""
+  from jrl.agents import get_agent
+  from jrl.experiment.config import ExperimentConfig
+  from launch.train import make_parser
+  agent = get_agent(agent_name)
+  parser = make_parser(agent_name, agent, prog=PROG)
+  args = parser.parse_args(["--agent", agent_name, "--env", env, "--seed", str(seed), *train_argv])
+  exp = build_config(ExperimentConfig, args)
+  build_config(agent.Config, args)
+  exp.check_given_flags(given_fields(ExperimentConfig, args))
+  if exp.backend == "host":  # device runs check their gymnax env id themselves
+    from jrl.envs import check_env_id
+    check_env_id(exp.env)
+
+
+def plan(agent: str, env: str, seeds: Sequence[int], sweep_dir: str, train_argv: Sequence[str]) -> List[Job]:
+  from jrl.experiment.sweep_report import run_dir_name
+  jobs = []
+  for seed in seeds:
+    name = run_dir_name(agent, env, seed)
+    jobs.append(Job(seed, name, [sys.executable, "-m", "launch.train", "--agent", agent, "--env", env,
+                                 "--seed", str(seed), "--run_dir", os.path.join(sweep_dir, name), *train_argv]))
+  return jobs
+
+
+class _Child:
+  """One seed's subprocess; a thread copies its output to the log and to our stdout."""
+
+  def __init__(self, job: Job, log_path: str, env: Dict[str, str]):
+    self.job = job
+    self.started = time.monotonic()
+    self.error_line = ""
+    self.last_line = ""
+    self._log = open(log_path, "w")
+    self.process = subprocess.Popen(job.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    bufsize=1, env=env)
+    self._reader = threading.Thread(target=self._copy, name=f"sweep-s{job.seed}", daemon=True)
+    self._reader.start()
+
+  def _copy(self) -> None:
+    for line in self.process.stdout:
+      self._log.write(line)
+      self._log.flush()
+      text = line.rstrip()
+      if text:
+        self.last_line = text
+        if "error:" in text:  # launch.train's one-line errors
+          self.error_line = text
+        if text.startswith("["):  # the run's progress lines; everything else stays in the log
+          print(text, flush=True)
+
+  def finish(self) -> Outcome:
+    self._reader.join(timeout=10)
+    self._log.close()
+    code = self.process.returncode
+    seconds = time.monotonic() - self.started
+    error = ""
+    if code != 0:
+      why = f"killed by signal {-code}" if code < 0 else f"exit {code}"
+      detail = self.error_line or self.last_line  # a traceback ends with the exception's line
+      error = f"{why}: {detail}" if detail else why
+    return Outcome(self.job.seed, self.job.name, code, seconds, error)
+
+
+def run_jobs(jobs: Sequence[Job], parallel: int, log_dir: str, on_done) -> List[Outcome]:
+  """Runs the jobs, at most `parallel` at once, calling `on_done(outcome)` as each ends."""
+  os.makedirs(log_dir, exist_ok=True)
+  env = dict(os.environ)
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH", "")) if p)
+  pending, running, outcomes = list(jobs), [], []
+  try:
+    while pending or running:
+      while pending and len(running) < parallel:
+        job = pending.pop(0)
+        print(f"[sweep] seed {job.seed}: started ({len(outcomes) + len(running) + 1}/{len(jobs)}), "
+              f"log {os.path.join(log_dir, job.name + '.log')}", flush=True)
+        running.append(_Child(job, os.path.join(log_dir, job.name + ".log"), env))
+      time.sleep(0.2)
+      for child in [c for c in running if c.process.poll() is not None]:
+        running.remove(child)
+        outcome = child.finish()
+        outcomes.append(outcome)
+        on_done(outcome)
+  except KeyboardInterrupt:
+    for child in running:
+      child.process.terminate()
+    for child in running:
+      child.process.wait()
+      outcomes.append(child.finish())
+    raise
+  return outcomes
+
+
+def sweep_record(args, train_argv: Sequence[str], outcomes: Sequence[Outcome]) -> Dict:
+  return {"agent": args.agent, "env": args.env, "seeds": args.seed_list, "train_args": list(train_argv),
+          "parallel": args.parallel,
+          "runs": [{"seed": o.seed, "run_dir": o.name, "status": "ok" if o.returncode == 0 else "failed",
+                    "returncode": o.returncode, "wall_seconds": round(o.seconds, 2), "error": o.error}
+                   for o in sorted(outcomes, key=lambda o: o.seed)]}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  args, train_argv = parse_args(list(sys.argv[1:] if argv is None else argv))
+  from jrl.experiment import sweep_report
+  from jrl.experiment.files import write_json
+  os.makedirs(args.run_dir, exist_ok=True)
+  jobs = plan(args.agent, args.env, args.seed_list, args.run_dir, train_argv)
+  print(f"[sweep] {args.agent} on {args.env}: {len(jobs)} seeds ({args.seeds}), {args.parallel} at a time, "
+        f"into {args.run_dir}", flush=True)
+  outcomes: List[Outcome] = []
+  record_path = os.path.join(args.run_dir, sweep_report.SWEEP_FILE)
+
+  def on_done(outcome: Outcome) -> None:
+    outcomes.append(outcome)
+    write_json(record_path, sweep_record(args, train_argv, outcomes))
+    state = "done" if outcome.returncode == 0 else \
+        f"FAILED ({outcome.error}; log {os.path.join(args.run_dir, 'logs', outcome.name + '.log')})"
+    print(f"[sweep] seed {outcome.seed}: {state} in {outcome.seconds:.1f}s "
+          f"[{len(outcomes)}/{len(jobs)} finished]", flush=True)
+
+  try:
+    run_jobs(jobs, args.parallel, os.path.join(args.run_dir, "logs"), on_done)
+  except KeyboardInterrupt:
+    print(f"{PROG}: interrupted; finished seeds are in {record_path}; "
+          f"python -m launch.report {args.run_dir} reports on them", file=sys.stderr)
+    return 130
+  failed = [o for o in outcomes if o.returncode != 0]
+  runs = sweep_report.load_runs([args.run_dir])
+  report = sweep_report.write_report(args.run_dir, runs, reps=args.reps, seed=args.bootstrap_seed)
+  for group in report["groups"]:
+    if "iqm" in group:
+      iqm, mean = group["iqm"], group["mean"]
+      print(f"[sweep] {group['agent']} on {group['env']}: {len(group['scores'])} runs, final eval IQM "
+            f"{iqm['point']:.1f} [{iqm['low']:.1f}, {iqm['high']:.1f}], mean {mean['point']:.1f} "
+            f"[{mean['low']:.1f}, {mean['high']:.1f}] (95% CI)", flush=True)
+  print(f"[sweep] {len(outcomes) - len(failed)}/{len(outcomes)} seeds finished"
+        + (f", failed: {', '.join(str(o.seed) for o in sorted(failed))}" if failed else "")
+        + f" | report {os.path.join(args.run_dir, sweep_report.REPORT_MD)}", flush=True)
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
