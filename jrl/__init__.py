@@ -1,11 +1,75 @@
-"""jrl: a JAX-based, functional, distributed reinforcement-learning library."""
+"""jrl: a JAX-based, functional, distributed reinforcement-learning library.
+
+The stable names, imported on first use so that `import jrl` stays light (no JAX until a
+name that needs it is touched):
+
+    import jrl
+    cfg = jrl.dqn.Config()
+    env = jrl.make_vector_env("CartPole-v1", num_envs=8, seed=0)
+    networks = jrl.dqn.make_networks(jrl.env_spec(env), cfg, module=MyTorsoAndHead())
+    learner = jrl.dqn.make_learner(networks, cfg, loss=my_loss)
+    replay = jrl.LocalReplay.for_agent(cfg, num_envs=8, seed=0, env=env)
+
+Data conventions are stated once, in `jrl.types`.
+"""
+
+import importlib
+from typing import TYPE_CHECKING, Any, Dict, List
 
 __version__ = "0.1.0"
 
+# name -> module that defines it; modules themselves are listed with their own name.
+_NAMES: Dict[str, str] = {
+    # Agents: each a module of Config, Networks, TrainingState, make_networks, make_learner (with
+    # its default `loss`), make_policy, make_replay_spec.
+    "agents": "jrl.agents", "dqn": "jrl.agents.dqn", "ppo": "jrl.agents.ppo", "impala": "jrl.agents.impala",
+    "sac": "jrl.agents.sac", "get_agent": "jrl.agents", "AGENTS": "jrl.agents",
+    # Types and conventions.
+    "types": "jrl.types", "Transition": "jrl.types", "Trajectory": "jrl.types", "LearnerBatch": "jrl.types",
+    "LearnerFns": "jrl.types", "PolicyFns": "jrl.types", "ActorState": "jrl.types", "Params": "jrl.types",
+    "PRNGKey": "jrl.types", "Array": "jrl.types",
+    # Networks.
+    "networks": "jrl.networks", "MLP": "jrl.networks", "QNetwork": "jrl.networks",
+    # Replay for your own loop.
+    "replay": "jrl.replay", "LocalReplay": "jrl.replay.local", "calls_due": "jrl.replay.local",
+    "ReplaySpec": "jrl.replay.spec",
+    # Learner and evaluator shells.
+    "Learner": "jrl.learners.learner", "make_multi_update": "jrl.learners.learner",
+    "params_digest": "jrl.learners.learner", "Evaluator": "jrl.actors.evaluator",
+    # Environments.
+    "envs": "jrl.envs", "make_vector_env": "jrl.envs", "env_spec": "jrl.envs", "final_observations": "jrl.envs",
+    "EpisodeTracker": "jrl.envs", "EnvSpec": "jrl.specs",
+    # Policies of finished runs, errors.
+    "load_policy": "jrl.policies", "ConfigError": "jrl.errors",
+}
 
-def __getattr__(name):
-  # Lazy, so that `import jrl` stays light (no JAX until a policy is loaded).
-  if name == "load_policy":
-    from jrl.policies import load_policy
-    return load_policy
-  raise AttributeError(f"module 'jrl' has no attribute '{name}'")
+__all__: List[str] = sorted(_NAMES) + ["__version__"]
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` imports on demand
+  from jrl import agents, envs, networks, replay, types  # noqa: F401
+  from jrl.actors.evaluator import Evaluator  # noqa: F401
+  from jrl.agents import AGENTS, dqn, get_agent, impala, ppo, sac  # noqa: F401
+  from jrl.envs import EpisodeTracker, env_spec, final_observations, make_vector_env  # noqa: F401
+  from jrl.errors import ConfigError  # noqa: F401
+  from jrl.learners.learner import Learner, make_multi_update, params_digest  # noqa: F401
+  from jrl.networks import MLP, QNetwork  # noqa: F401
+  from jrl.policies import load_policy  # noqa: F401
+  from jrl.replay.local import LocalReplay, calls_due  # noqa: F401
+  from jrl.replay.spec import ReplaySpec  # noqa: F401
+  from jrl.specs import EnvSpec  # noqa: F401
+  from jrl.types import (ActorState, Array, LearnerBatch, LearnerFns, Params, PolicyFns, PRNGKey,  # noqa: F401
+                         Trajectory, Transition)
+
+
+def __getattr__(name: str) -> Any:
+  module_name = _NAMES.get(name)
+  if module_name is None:
+    raise AttributeError(f"module 'jrl' has no attribute '{name}'")
+  module = importlib.import_module(module_name)
+  value = module if module_name.rsplit(".", 1)[-1] == name else getattr(module, name)
+  globals()[name] = value  # later lookups skip this function
+  return value
+
+
+def __dir__() -> List[str]:
+  return sorted(set(globals()) | set(__all__))

@@ -1,8 +1,11 @@
 """Shared data types.
 
 Conventions, stated once for the whole library:
-- Batched data is time-major: sequences are `[T, B, ...]`, single steps `[B, ...]`.
-- A learner call consumes a stack of batches `[U, B, ...]` (U = updates per call).
+- Batched data is batch-major: single steps are `[B, ...]`, sequences `[B, T, ...]`
+  (a `Trajectory` batch). Functions over one sequence take `[T, ...]` (time leading,
+  as rlax's do) and are `vmap`ped over B at the call site.
+- A learner call consumes a stack of batches `[U, B, ...]` (U = updates per call,
+  scanned over), e.g. `[U, B, T, ...]` for sequences.
 - `discount` is the full multiplier of the bootstrap value: `gamma**k` for a
   k-step transition, and 0 once the episode terminated (truncation keeps it).
 """

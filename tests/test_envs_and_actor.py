@@ -77,3 +77,30 @@ def test_core_imports_neither_reverb_nor_launchpad():
           "print(any(m in sys.modules for m in ('reverb', 'launchpad')))")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
   assert out.stdout.strip() == "False", out.stderr
+
+
+def test_variable_client_keeps_params_on_device_and_copies_only_new_versions():
+  class NumpySource:  # as a source over RPC: numpy params, a version that moves on learner calls
+    def __init__(self):
+      self.params, self.version = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, 3
+
+    def get_variables(self):
+      return jax.tree_util.tree_map(np.copy, self.params), self.version
+
+  source = NumpySource()
+  client = VariableClient(source, update_period=2)
+  first = client.params["w"]
+  assert isinstance(first, jax.Array) and first.devices() == {jax.devices()[0]}
+  np.testing.assert_array_equal(np.asarray(first), source.params["w"])
+  for _ in range(6):  # same version: the device copy stays, no new one is made
+    client.maybe_update()
+  assert client.params["w"] is first and client.copies == 1 and client.version == 3
+  source.params, source.version = {"w": source.params["w"] + 1}, 4
+  client.maybe_update()  # the period's first call: not yet due
+  assert client.params["w"] is first
+  client.maybe_update()
+  assert client.version == 4 and client.copies == 2
+  np.testing.assert_array_equal(np.asarray(client.params["w"]), np.arange(6).reshape(2, 3) + 1)
+  on_device = {"w": jax.device_put(np.ones(3, np.float32))}  # embedded learner: already on the device, not copied
+  local = VariableClient(type("S", (), {"get_variables": lambda self: (on_device, 0)})())
+  assert local.params["w"].unsafe_buffer_pointer() == on_device["w"].unsafe_buffer_pointer()

@@ -5,7 +5,7 @@ from typing import Any, Dict, List, Optional
 import jax
 import numpy as np
 
-from jrl.envs import make_vector_env
+from jrl.envs import EnvLike, make_vector_env
 from jrl.types import Params, PolicyFns
 
 
@@ -15,11 +15,12 @@ class Evaluator:
   Evaluation k resets the envs with seed `seed + 1000 * k`, so runs repeat exactly.
   """
 
-  def __init__(self, env_id: str, policy: PolicyFns, num_episodes: int, seed: int, first_index: int = 0,
+  def __init__(self, env: EnvLike, policy: PolicyFns, num_episodes: int, seed: int, first_index: int = 0,
                env_kwargs: Optional[Dict[str, Any]] = None):
-    """`first_index` k: the first `run` is evaluation k (its env seeds and policy key), as if k
+    """`env`: a gymnasium id, a factory returning a `gymnasium.Env` (or `"pkg.module:function"`).
+    `first_index` k: the first `run` is evaluation k (its env seeds and policy key), as if k
     evaluations had run. `env_kwargs` go to `make_vector_env` (e.g. render_mode, wrappers)."""
-    self._env = make_vector_env(env_id, num_episodes, seed, **(env_kwargs or {}))
+    self._env = make_vector_env(env, num_episodes, seed, **(env_kwargs or {}))
     self._select_action = jax.jit(policy.select_action)
     self._policy = policy
     self._seed = seed

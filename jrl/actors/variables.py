@@ -1,6 +1,8 @@
-"""Variable source and client: how actors get parameters from a learner."""
+"""Variable source and client: how actors and inference servers get parameters from a learner."""
 
-from typing import Any, Protocol, Tuple
+from typing import Any, Optional, Protocol, Tuple
+
+import jax
 
 
 class VariableSource(Protocol):
@@ -9,13 +11,23 @@ class VariableSource(Protocol):
 
 
 class VariableClient:
-  """Pulls parameters from a source every `update_period` calls to `maybe_update`."""
+  """Pulls parameters from a source every `update_period` calls to `maybe_update`.
 
-  def __init__(self, source: VariableSource, update_period: int = 1):
+  `params` live on `device` (default: JAX's default device) and are replaced only when the
+  source reports a new version: a jitted policy then reads them in place, with no host to
+  device copy per call (sources over RPC hand out numpy). Arrays already on that device
+  are not copied.
+  """
+
+  def __init__(self, source: VariableSource, update_period: int = 1, device: Optional[jax.Device] = None):
     self._source = source
     self._period = max(1, update_period)
     self._calls = 0
-    self.params, self.version = source.get_variables()
+    self._device = device if device is not None else jax.devices()[0]
+    self.version = -1
+    self.params: Any = None
+    self.copies = 0  # parameter sets placed on the device (one per new version)
+    self.update()
 
   def maybe_update(self) -> None:
     self._calls += 1
@@ -24,4 +36,8 @@ class VariableClient:
       self.update()
 
   def update(self) -> None:
-    self.params, self.version = self._source.get_variables()
+    params, version = self._source.get_variables()
+    if version != self.version or self.params is None:
+      self.params = jax.device_put(params, self._device)
+      self.version = version
+      self.copies += 1

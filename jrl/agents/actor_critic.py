@@ -1,12 +1,13 @@
 """The actor-critic network and categorical policy shared by PPO and IMPALA."""
 
-from typing import Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import distrax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jrl.agents.modules import init_apply
 from jrl.errors import ConfigError
 from jrl.networks import MLP
 from jrl.specs import EnvSpec
@@ -27,16 +28,19 @@ class ActorCritic(nn.Module):
 
 class Networks(NamedTuple):
   init: Callable[[PRNGKey], Params]
-  apply: Callable[[Params, Array], tuple]  # obs [B, ...] -> (logits [B, A], value [B])
+  apply: Callable[[Params, Array], tuple]  # obs [B, *obs_shape] -> (logits [B, A], value [B])
 
 
-def make_networks(agent: str, spec: EnvSpec, hidden_sizes: Sequence[int]) -> Networks:
+def make_networks(agent: str, spec: EnvSpec, hidden_sizes: Sequence[int], module: Optional[Any] = None) -> Networks:
+  """`module`: any flax module mapping obs [B, *obs_shape] to (logits [B, A], value [B]), or an
+  (init, apply) pair; None: `ActorCritic` with MLP torsos of `hidden_sizes`."""
   if not spec.discrete:
     raise ConfigError("agent", f"{agent} supports Discrete action spaces only (no continuous head yet); "
                                f"the env has a Box of shape {spec.action_shape}")
-  module = ActorCritic(spec.num_actions, tuple(hidden_sizes))
+  if module is None:
+    module = ActorCritic(spec.num_actions, tuple(hidden_sizes))
   dummy = jnp.zeros((1,) + spec.observation_shape, jnp.float32)
-  return Networks(init=lambda key: module.init(key, dummy), apply=module.apply)
+  return Networks(*init_apply(module, dummy))
 
 
 def make_categorical_policy(networks: Networks, evaluation: bool, report: str) -> PolicyFns:

@@ -1,4 +1,7 @@
-"""PNG plots of a run directory's metrics."""
+"""PNG plots of a run directory's metrics.
+
+matplotlib's object-oriented API on an Agg canvas: importing or plotting never switches the
+process's pyplot backend (a notebook or the caller's own figures are left as they are)."""
 
 import csv
 import os
@@ -6,12 +9,14 @@ import threading
 from typing import Dict, List, Optional
 
 
-def _pyplot():
-  """matplotlib's pyplot on the Agg backend, imported on first use (~0.4 s: not at start-up)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  return plt
+def new_figure(**kwargs):
+  """A matplotlib Figure drawn on its own Agg canvas (no pyplot), imported on first use
+  (~0.4 s: not at start-up)."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+  fig = Figure(**kwargs)
+  FigureCanvasAgg(fig)
+  return fig
 
 
 def preload_in_background() -> None:
@@ -19,7 +24,7 @@ def preload_in_background() -> None:
   wait for it. Best started while the caller compiles (XLA releases the GIL)."""
   def load():
     try:
-      _pyplot()
+      new_figure()
     except Exception:  # noqa: BLE001 - a warm-up only; the plot imports it again and reports errors
       pass
   threading.Thread(target=load, name="preload-matplotlib", daemon=True).start()
@@ -43,8 +48,8 @@ def plot_learning_curve(run_dir: str, title: str, reward_threshold: Optional[flo
   """eval return (and training episode return) against env steps -> plots/learning_curve.png."""
   evaluation = read_csv(os.path.join(run_dir, "metrics", "evaluator.csv"))
   actor = read_csv(os.path.join(run_dir, "metrics", "actor.csv"))
-  plt = _pyplot()
-  fig, ax = plt.subplots(figsize=(7, 4.5))
+  fig = new_figure(figsize=(7, 4.5))
+  ax = fig.subplots()
   if actor.get("episode_return"):
     ax.plot(actor["actor_steps"], actor["episode_return"], color="tab:gray", alpha=0.6,
             label="training episodes (mean per row)")
@@ -62,5 +67,4 @@ def plot_learning_curve(run_dir: str, title: str, reward_threshold: Optional[flo
   path = os.path.join(run_dir, "plots", "learning_curve.png")
   fig.tight_layout()
   fig.savefig(path, dpi=100)
-  plt.close(fig)
   return path

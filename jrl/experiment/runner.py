@@ -40,6 +40,7 @@ from jrl.learners.learner import Learner, params_digest
 from jrl.policies import save_policy
 from jrl.replay.batches import PrefetchIterator, PreparedBatch
 from jrl.replay.buffer import SeededReplayBuffer
+from jrl.replay.local import calls_due
 
 ROLES = ("actor", "learner", "evaluator")
 REPORT_FILE = "report.md"
@@ -307,11 +308,8 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
     """Learner calls due: one per batch of sequences written (on-policy), or enough to keep
     transitions sampled at samples_per_insert x inserted."""
     if replay_spec.sequences:
-      return (block_writer.transitions_written - loop.lost_sequences) // local_batch_size
-    rows = actor.env_steps - held_back
-    if rows < replay_spec.min_size:
-      return 0
-    return int((rows - replay_spec.min_size) * replay_spec.samples_per_insert // samples_per_call) + 1
+      return calls_due(block_writer.transitions_written - loop.lost_sequences, replay_spec, local_batch_size)
+    return calls_due(actor.env_steps - held_back, replay_spec, samples_per_call)
 
   start = time.monotonic()
   elapsed = lambda: loop.wall_before + time.monotonic() - start

@@ -60,8 +60,8 @@ def assemble(sampled: SampledItems, updates_per_call: int, batch_size: int,
 
 
 def assemble_sequences(sampled: SampledItems, batch_size: int) -> PreparedBatch:
-  """Sequence items as one learner call: leaves [1, B, T, ...] (batch-major, so that the
-  shell shards axis 1 for every item kind; agents transpose to time-major)."""
+  """Sequence items as one learner call: leaves [1, B, T, ...] (batch-major, as everywhere:
+  the shell shards axis 1 for every item kind; agents vmap their per-sequence functions over B)."""
   data = jax.tree_util.tree_map(lambda x: x[None, :batch_size], sampled.data)
   return PreparedBatch(LearnerBatch(data, np.ones((1, batch_size), np.float32)), sampled.keys[:batch_size],
                        np.arange(batch_size)[None])

@@ -5,7 +5,7 @@ importance weights for prioritized replay (Schaul et al., 2016), periodic or
 Polyak target updates.
 """
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -34,21 +34,45 @@ def td_errors(networks: Networks, params: Params, target_params: Params, batch: 
                                           t.discount, q_t_value, q_t_selector)
 
 
-def make_learner(networks: Networks, cfg: Config) -> LearnerFns:
-  optimizer = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
-                          optax.adam(cfg.learning_rate, eps=cfg.adam_eps))
+def loss(networks: Networks, params: Params, target_params: Params, batch: LearnerBatch,
+         cfg: Config) -> Tuple[Array, Array]:
+  """The default loss: mean of importance weight x Huber(double-Q n-step TD error).
+
+  batch: transitions [B, ...], weights [B]. Returns (loss [], td [B]); a custom loss keeps
+  this signature and returns the TD errors as aux (they give the priorities and `td_abs_mean`).
+  """
+  td = td_errors(networks, params, target_params, batch)
+  return jnp.mean(batch.weights * rlax.huber_loss(td, cfg.huber_delta)), td
+
+
+LossFn = Callable[[Networks, Params, Params, LearnerBatch, Config], Tuple[Array, Array]]
+default_loss = loss
+
+
+def make_optimizer(cfg: Config) -> optax.GradientTransformation:
+  """The default optimiser: global-norm clipping, then Adam."""
+  return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(cfg.learning_rate, eps=cfg.adam_eps))
+
+
+def make_learner(networks: Networks, cfg: Config, loss: Optional[LossFn] = None,
+                 optimizer: Optional[optax.GradientTransformation] = None) -> LearnerFns:
+  """Pure init and update; `loss` (see `loss`) and `optimizer` replace the defaults.
+
+  update(state, batch): batch transitions [B, ...], weights [B] -> (state, metrics), where
+  metrics["priorities"] [B] are |TD| for prioritized replay.
+  """
+  loss_fn = default_loss if loss is None else loss
+  optimizer = make_optimizer(cfg) if optimizer is None else optimizer
 
   def init(key) -> TrainingState:
     params = networks.init(key)
     return TrainingState(params, params, optimizer.init(params), jnp.zeros((), jnp.int32))
 
-  def loss_fn(params, target_params, batch: LearnerBatch):
-    td = td_errors(networks, params, target_params, batch)
-    loss = jnp.mean(batch.weights * rlax.huber_loss(td, cfg.huber_delta))
-    return loss, td
+  def objective(params, target_params, batch: LearnerBatch):
+    return loss_fn(networks, params, target_params, batch, cfg)
 
   def update(state: TrainingState, batch: LearnerBatch):
-    (loss, td), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, state.target_params, batch)
+    (value, td), grads = jax.value_and_grad(objective, has_aux=True)(state.params, state.target_params, batch)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     steps = state.steps + 1
@@ -56,7 +80,7 @@ def make_learner(networks: Networks, cfg: Config) -> LearnerFns:
       target_params = optax.incremental_update(params, state.target_params, cfg.target_update_tau)
     else:
       target_params = optax.periodic_update(params, state.target_params, steps, cfg.target_update_period)
-    metrics = {"loss": loss, "td_abs_mean": jnp.mean(jnp.abs(td)),
+    metrics = {"loss": value, "td_abs_mean": jnp.mean(jnp.abs(td)),
                "grad_norm": optax.tree.norm(grads), "priorities": jnp.abs(td)}
     return TrainingState(params, target_params, opt_state, steps), metrics
 

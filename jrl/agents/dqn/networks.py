@@ -1,10 +1,11 @@
 """DQN networks: a Q-network over a Discrete action space."""
 
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax.numpy as jnp
 
 from jrl.agents.dqn.config import Config
+from jrl.agents.modules import init_apply
 from jrl.errors import ConfigError
 from jrl.networks import QNetwork
 from jrl.specs import EnvSpec
@@ -13,13 +14,17 @@ from jrl.types import Array, Params, PRNGKey
 
 class Networks(NamedTuple):
   init: Callable[[PRNGKey], Params]
-  apply: Callable[[Params, Array], Array]  # obs [B, ...] -> q [B, num_actions]
+  apply: Callable[[Params, Array], Array]  # obs [B, *obs_shape] -> q [B, num_actions]
 
 
-def make_networks(spec: EnvSpec, cfg: Config) -> Networks:
+def make_networks(spec: EnvSpec, cfg: Config, module: Optional[Any] = None) -> Networks:
+  """The Q-network: `module` is any flax module mapping obs [B, *obs_shape] to q
+  [B, num_actions], or an (init, apply) pair; None: an MLP `QNetwork` of `cfg.hidden_sizes`
+  (dueling with `cfg.dueling`)."""
   if not spec.discrete:
     raise ConfigError("agent", f"dqn needs a Discrete action space, the env has a continuous one "
                                f"(Box of shape {spec.action_shape})")
-  module = QNetwork(num_actions=spec.num_actions, hidden_sizes=tuple(cfg.hidden_sizes), dueling=cfg.dueling)
+  if module is None:
+    module = QNetwork(num_actions=spec.num_actions, hidden_sizes=tuple(cfg.hidden_sizes), dueling=cfg.dueling)
   dummy = jnp.zeros((1,) + spec.observation_shape, jnp.float32)
-  return Networks(init=lambda key: module.init(key, dummy), apply=module.apply)
+  return Networks(*init_apply(module, dummy))

@@ -1,6 +1,6 @@
 """PPO learner: GAE advantages (rlax) and several epochs of clipped-surrogate minibatch updates per call."""
 
-from typing import NamedTuple
+from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 import distrax
 import jax
@@ -43,29 +43,59 @@ def clipped_policy_loss(log_prob: Array, behaviour_log_prob: Array, advantages: 
   return rlax.clipped_surrogate_pg_loss(ratio, advantages, epsilon)
 
 
-def make_learner(networks: Networks, cfg: Config) -> LearnerFns:
-  optimizer = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
-                          optax.adam(cfg.learning_rate, eps=cfg.adam_eps))
+class Minibatch(NamedTuple):
+  """One minibatch of M = B * T / num_minibatches steps, flattened over trajectories and time."""
+  observation: Array         # [M, *obs_shape]
+  action: Array              # [M]
+  behaviour_log_prob: Array  # [M] log-prob of the action under the policy that acted
+  advantage: Array           # [M] GAE advantages (normalised in the loss if cfg.normalize_advantages)
+  value_target: Array        # [M] advantage + value (the lambda-return)
+
+
+def loss(networks: Networks, params: Params, data: Minibatch, cfg: Config) -> Tuple[Array, Dict[str, Array]]:
+  """The default loss of one minibatch: clipped surrogate + value_cost x value MSE / 2 -
+  entropy_cost x entropy. Returns (loss [], metrics {name: []})."""
+  logits, value = networks.apply(params, data.observation)
+  dist = distrax.Categorical(logits=logits)
+  log_prob = dist.log_prob(data.action)
+  ratio = jnp.exp(log_prob - data.behaviour_log_prob)
+  advantages = data.advantage
+  if cfg.normalize_advantages:
+    advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+  policy_loss = clipped_policy_loss(log_prob, data.behaviour_log_prob, advantages, cfg.clip_epsilon)
+  value_loss = 0.5 * jnp.mean((value - data.value_target) ** 2)
+  entropy = jnp.mean(dist.entropy())
+  total = policy_loss + cfg.value_cost * value_loss - cfg.entropy_cost * entropy
+  return total, {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy,
+                 "clip_fraction": jnp.mean(jnp.abs(ratio - 1.0) > cfg.clip_epsilon)}
+
+
+LossFn = Callable[[Networks, Params, Minibatch, Config], Tuple[Array, Dict[str, Array]]]
+default_loss = loss
+
+
+def make_optimizer(cfg: Config) -> optax.GradientTransformation:
+  """The default optimiser: global-norm clipping, then Adam."""
+  return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(cfg.learning_rate, eps=cfg.adam_eps))
+
+
+def make_learner(networks: Networks, cfg: Config, loss: Optional[LossFn] = None,
+                 optimizer: Optional[optax.GradientTransformation] = None) -> LearnerFns:
+  """Pure init and update; `loss` (see `loss`: one minibatch) and `optimizer` replace the defaults.
+
+  update(state, batch): batch transitions a Trajectory [B, T, ...] -> (state, metrics); GAE
+  over each trajectory, then num_epochs passes of num_minibatches minibatches.
+  """
+  loss_fn = default_loss if loss is None else loss
+  optimizer = make_optimizer(cfg) if optimizer is None else optimizer
 
   def init(key) -> TrainingState:
     params_key, key = jax.random.split(key)
     params = networks.init(params_key)
     return TrainingState(params, optimizer.init(params), key, jnp.zeros((), jnp.int32))
 
-  def minibatch_loss(params, data):
-    logits, value = networks.apply(params, data["observation"])
-    dist = distrax.Categorical(logits=logits)
-    log_prob = dist.log_prob(data["action"])
-    ratio = jnp.exp(log_prob - data["behaviour_log_prob"])
-    advantages = data["advantage"]
-    if cfg.normalize_advantages:
-      advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    policy_loss = clipped_policy_loss(log_prob, data["behaviour_log_prob"], advantages, cfg.clip_epsilon)
-    value_loss = 0.5 * jnp.mean((value - data["return"]) ** 2)
-    entropy = jnp.mean(dist.entropy())
-    loss = policy_loss + cfg.value_cost * value_loss - cfg.entropy_cost * entropy
-    return loss, {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy,
-                  "clip_fraction": jnp.mean(jnp.abs(ratio - 1.0) > cfg.clip_epsilon)}
+  def minibatch_loss(params, data: Minibatch):
+    return loss_fn(networks, params, data, cfg)
 
   def update(state: TrainingState, batch: LearnerBatch):
     traj: Trajectory = batch.transitions  # [B, T, ...]
@@ -73,11 +103,10 @@ def make_learner(networks: Networks, cfg: Config) -> LearnerFns:
     _, next_value = jax.vmap(networks.apply, in_axes=(None, 0))(state.params, traj.next_observation)
     advantage = jax.vmap(gae_advantages, in_axes=(0, 0, 0, 0, 0, None, None))(
         traj.reward, traj.discount, traj.end_of_episode, value, next_value, cfg.discount, cfg.gae_lambda)
-    data = {"observation": traj.observation, "action": traj.action,
-            "behaviour_log_prob": traj.extras["log_prob"], "advantage": advantage,
-            "return": jax.lax.stop_gradient(advantage + value)}
+    data = Minibatch(traj.observation, traj.action, traj.extras["log_prob"], advantage,
+                     jax.lax.stop_gradient(advantage + value))
     data = jax.tree_util.tree_map(lambda x: jnp.asarray(x).reshape((-1,) + x.shape[2:]), data)  # [B * T, ...]
-    num = data["advantage"].shape[0]
+    num = data.advantage.shape[0]
 
     def epoch(carry, _):
       params, opt_state, key = carry

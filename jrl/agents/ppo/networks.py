@@ -1,5 +1,7 @@
 """PPO networks: the shared actor-critic (separate policy and value MLPs)."""
 
+from typing import Any, Optional
+
 from jrl.agents import actor_critic
 from jrl.agents.ppo.config import Config
 from jrl.specs import EnvSpec
@@ -7,5 +9,7 @@ from jrl.specs import EnvSpec
 Networks = actor_critic.Networks
 
 
-def make_networks(spec: EnvSpec, cfg: Config) -> Networks:
-  return actor_critic.make_networks("ppo", spec, cfg.hidden_sizes)
+def make_networks(spec: EnvSpec, cfg: Config, module: Optional[Any] = None) -> Networks:
+  """`module`: a flax module obs [B, *obs_shape] -> (logits [B, A], value [B]), or an (init, apply)
+  pair; None: the default actor-critic of `cfg.hidden_sizes`."""
+  return actor_critic.make_networks("ppo", spec, cfg.hidden_sizes, module)

@@ -1,6 +1,6 @@
 """SAC networks: a tanh-Gaussian policy and twin Q critics, in the normalised action box [-1, 1]."""
 
-from typing import Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import distrax
 import flax.linen as nn
@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jrl.agents.sac.config import Config
+from jrl.agents.modules import init_apply
 from jrl.errors import ConfigError
 from jrl.networks import MLP
 from jrl.specs import EnvSpec
@@ -44,9 +45,9 @@ def tanh_gaussian(mean: Array, log_std: Array) -> distrax.Distribution:
 
 class Networks(NamedTuple):
   policy_init: Callable[[PRNGKey], Params]
-  policy_apply: Callable[[Params, Array], tuple]   # obs -> (mean, log_std)
+  policy_apply: Callable[[Params, Array], tuple]   # obs [B, *obs_shape] -> (mean [B, A], log_std [B, A])
   q_init: Callable[[PRNGKey], Params]
-  q_apply: Callable[[Params, Array, Array], Array]  # obs, action in [-1, 1] -> q [2, B]
+  q_apply: Callable[[Params, Array, Array], Array]  # obs [B, *obs_shape], action [B, A] in [-1, 1] -> q [2, B]
   action_low: np.ndarray
   action_high: np.ndarray
 
@@ -58,17 +59,22 @@ class Networks(NamedTuple):
     return 2.0 * (action - self.action_low) / (self.action_high - self.action_low) - 1.0
 
 
-def make_networks(spec: EnvSpec, cfg: Config) -> Networks:
+def make_networks(spec: EnvSpec, cfg: Config, module: Optional[Any] = None, critic: Optional[Any] = None) -> Networks:
+  """The policy `module` (obs [B, *obs_shape] -> (mean [B, A], log_std [B, A]), before tanh) and
+  the twin `critic` ((obs [B, ...], action [B, A] in [-1, 1]) -> q [2, B]): each a flax module
+  or an (init, apply) pair; None: MLPs of `cfg.hidden_sizes`."""
   if spec.discrete:
     raise ConfigError("agent", f"sac needs a Box action space, the env has a Discrete one ({spec.num_actions} actions)")
   if len(spec.action_shape) != 1 or not np.all(np.isfinite(spec.action_low)) or not np.all(np.isfinite(spec.action_high)):
     raise ConfigError("agent", f"sac needs a bounded 1-D Box action space, got shape {spec.action_shape} "
                                f"with bounds [{spec.action_low}, {spec.action_high}]")
   action_dim = spec.action_shape[0]
-  policy = GaussianPolicyHead(action_dim, tuple(cfg.hidden_sizes), cfg.log_std_min, cfg.log_std_max)
-  critic = TwinQ(tuple(cfg.hidden_sizes))
+  policy = module if module is not None else GaussianPolicyHead(action_dim, tuple(cfg.hidden_sizes),
+                                                                 cfg.log_std_min, cfg.log_std_max)
+  critic = critic if critic is not None else TwinQ(tuple(cfg.hidden_sizes))
   obs = jnp.zeros((1,) + spec.observation_shape, jnp.float32)
   act = jnp.zeros((1, action_dim), jnp.float32)
-  return Networks(policy_init=lambda key: policy.init(key, obs), policy_apply=policy.apply,
-                  q_init=lambda key: critic.init(key, obs, act), q_apply=critic.apply,
+  policy_init, policy_apply = init_apply(policy, obs)
+  q_init, q_apply = init_apply(critic, obs, act)
+  return Networks(policy_init=policy_init, policy_apply=policy_apply, q_init=q_init, q_apply=q_apply,
                   action_low=np.asarray(spec.action_low, np.float32), action_high=np.asarray(spec.action_high, np.float32))
