@@ -126,7 +126,7 @@ def raw_rollouts(num_envs: int, length: int = 128, repeats: int = 20) -> dict:
       obs, state, key, actor_state = carry
       key, action_key, step_key = jax.random.split(key, 3)
       if with_policy:
-        action, _, actor_state = policy.select_action(params, obs, actor_state)
+        action, _, actor_state = policy.select_action(params, obs, jax.numpy.zeros(num_envs, bool), actor_state)
       else:
         action = jax.random.randint(action_key, (num_envs,), 0, env.spec.num_actions)
       out = env.step(step_key, state, action)
@@ -134,7 +134,7 @@ def raw_rollouts(num_envs: int, length: int = 128, repeats: int = 20) -> dict:
 
     def run(key):
       obs, state = env.reset(key, num_envs)
-      carry = (obs, state, key, policy.init(key))
+      carry = (obs, state, key, policy.init(key, num_envs))
       return jax.lax.scan(step, carry, None, length=length)[1].sum()
     return jax.jit(run)
 

@@ -12,8 +12,11 @@ from typing import Any, Callable, List, NamedTuple, Optional, Tuple, Union
 import gymnasium as gym
 import numpy as np
 
+from jrl import memory_envs
 from jrl.errors import ConfigError
 from jrl.specs import EnvSpec, make_env_spec
+
+memory_envs.register()  # jrl/MaskedCartPole-v1, usable wherever a gymnasium id is
 
 
 EnvFactory = Callable[..., gym.Env]

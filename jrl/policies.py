@@ -123,7 +123,10 @@ def load_params(run_dir: str, which: str = "best") -> Any:
 class Policy:
   """A reloaded policy as a plain function of observations, numpy in and numpy out:
   `policy(obs [B, *obs_shape]) -> actions [B, *action_shape]`, or one observation
-  `[*obs_shape]` to one action. Jitted; its state (random key, step count) lives inside.
+  `[*obs_shape]` to one action. Jitted; its state (random key, step count, a recurrent
+  policy's core state per env) lives inside. Successive calls continue the same episodes;
+  `is_first` ([B] bool) marks envs whose episode starts with this observation (default:
+  all at the first call and whenever B changes, none otherwise).
   """
 
   def __init__(self, snapshot: Snapshot, evaluation: bool = True, seed: int = 0):
@@ -134,19 +137,26 @@ class Policy:
     self.observation_shape = tuple(parts.env_spec.observation_shape)
     self._params = jax.device_put(snapshot.params)
     self._select_action = jax.jit(fns.select_action)
-    self._state = fns.init(jax.random.PRNGKey(seed))
+    self._init = fns.init
+    self._key = jax.random.PRNGKey(seed)
+    self._state, self._batch = None, -1
 
   @property
   def info(self) -> Dict[str, Any]:
     return self.snapshot.info
 
-  def __call__(self, obs) -> np.ndarray:
+  def __call__(self, obs, is_first=None) -> np.ndarray:
     obs = np.asarray(obs, np.float32)
     single = obs.shape == self.observation_shape
     if not single and obs.shape[1:] != self.observation_shape:
       raise ValueError(f"observations must be shaped {self.observation_shape} or [B, *{self.observation_shape}], "
                        f"got {obs.shape}")
-    action, _, self._state = self._select_action(self._params, obs[None] if single else obs, self._state)
+    obs = obs[None] if single else obs
+    if len(obs) != self._batch:
+      self._state, self._batch = self._init(self._key, len(obs)), len(obs)
+      is_first = np.ones(len(obs), bool)
+    is_first = np.zeros(len(obs), bool) if is_first is None else np.asarray(is_first, bool).reshape(len(obs))
+    action, _, self._state = self._select_action(self._params, obs, is_first, self._state)
     action = np.asarray(action)
     return action[0] if single else action
 

@@ -57,7 +57,8 @@ class ActorState(NamedTuple):
   env_steps: Array  # [] int32 env steps taken (drives exploration schedules)
 
 
-def initial_actor_state(key: PRNGKey) -> ActorState:
+def initial_actor_state(key: PRNGKey, num_envs: int = 0) -> ActorState:
+  del num_envs  # a feed-forward policy keeps nothing per env
   return ActorState(key, jax.numpy.zeros((), jax.numpy.int32))
 
 
@@ -77,10 +78,13 @@ class LearnerFns(NamedTuple):
 
 
 class PolicyFns(NamedTuple):
-  """A pure batched policy.
+  """A pure batched policy, feed-forward or recurrent (one contract for both).
 
-  `init(key) -> actor_state`;
-  `select_action(params, obs [B, ...], actor_state) -> (action [B, ...], extras, actor_state)`.
+  `init(key, num_envs) -> actor_state` for a batch of `num_envs` envs;
+  `select_action(params, obs [B, ...], is_first [B] bool, actor_state) -> (action [B, ...], extras, actor_state)`.
+  `is_first[i]` marks the first step of an episode in env i: a recurrent policy resets that
+  env's core state there (and may report the state each step began from in `extras`);
+  a feed-forward policy ignores it. `extras` are arrays [B, ...].
   """
-  init: Callable[[PRNGKey], Any]
-  select_action: Callable[[Params, Array, Any], Tuple[Array, Dict[str, Array], Any]]
+  init: Callable[[PRNGKey, int], Any]
+  select_action: Callable[[Params, Array, Array, Any], Tuple[Array, Dict[str, Array], Any]]

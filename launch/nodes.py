@@ -395,7 +395,7 @@ class ActorNode:
     env = envs.make_vector_env(exp.env, exp.num_envs, seed)
     if self._inference is None:
       variables = VariableClient(AsyncRemoteVariables(self._learner), exp.variable_update_period)
-      policy = LocalPolicy(parts.agent.make_policy(parts.networks, cfg), variables, key)
+      policy = LocalPolicy(parts.agent.make_policy(parts.networks, cfg), variables, key, num_envs=exp.num_envs)
       if continues(self._session):
         policy.restore(continued_exploration(policy.state(), self._steps_per_actor()))
     else:

@@ -128,7 +128,9 @@ def test_policies_greedy_and_epsilon_schedule():
   greedy = networks.apply(params, obs).argmax(-1)
 
   evaluation = dqn.make_policy(networks, cfg, evaluation=True)
-  action, _, _ = jax.jit(evaluation.select_action)(params, obs, evaluation.init(jax.random.PRNGKey(1)))
+  first = np.ones(len(obs), bool)
+  eval_state = evaluation.init(jax.random.PRNGKey(1), len(obs))
+  action, _, _ = jax.jit(evaluation.select_action)(params, obs, first, eval_state)
   np.testing.assert_array_equal(action, greedy)
 
   schedule = dqn.acting.epsilon_schedule(cfg)
@@ -137,9 +139,9 @@ def test_policies_greedy_and_epsilon_schedule():
   assert float(schedule(1000)) == pytest.approx(0.1)
 
   acting = dqn.make_policy(networks, cfg)
-  state = acting.init(jax.random.PRNGKey(2))
+  state = acting.init(jax.random.PRNGKey(2), len(obs))
   state = state._replace(env_steps=jnp.asarray(10_000, jnp.int32))  # epsilon = 0.1
-  action, _, new_state = jax.jit(acting.select_action)(params, obs, state)
+  action, _, new_state = jax.jit(acting.select_action)(params, obs, first, state)
   differs = float(np.mean(np.asarray(action) != np.asarray(greedy)))
   assert 0.02 < differs < 0.15  # expected 0.1 * 2/3
   assert int(new_state.env_steps) == 10_256

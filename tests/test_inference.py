@@ -43,7 +43,7 @@ def test_requests_from_several_actors_are_batched_and_answered_like_the_pure_pol
     out = []
     for t in range(steps):
       barrier.wait()  # all actors ask at once, as lock-stepped actors would
-      out.append(client(observations[actor_id, t]))
+      out.append(client(observations[actor_id, t], np.zeros(num_envs, bool)))
     results[actor_id] = (np.stack(out), client.version)
 
   threads = [threading.Thread(target=act, args=(i,)) for i in range(num_actors)]
@@ -72,7 +72,7 @@ def test_each_actor_keeps_its_own_policy_state():
   threading.Thread(target=server.serve, args=(stop,), daemon=True).start()
   client = InferenceClient(server.infer, 1)
   for _ in range(3):
-    client(np.zeros((4, 4), np.float32))
+    client(np.zeros((4, 4), np.float32), np.zeros(4, bool))
   stop.set()
   # Only actor 1 stepped: its exploration schedule advanced by 3 x 4 env steps, actor 0's did not.
   np.testing.assert_array_equal(np.asarray(server._states.env_steps), [0, 12])

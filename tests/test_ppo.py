@@ -76,7 +76,8 @@ def test_update_learns_structure_is_stable_and_jit_matches():
   state = learner.init(jax.random.PRNGKey(0))
   rng = np.random.default_rng(0)
   obs = rng.normal(size=(4, 8, 4)).astype(np.float32)
-  action, extras, _ = policy.select_action(state.params, obs.reshape(-1, 4), policy.init(jax.random.PRNGKey(1)))
+  action, extras, _ = policy.select_action(state.params, obs.reshape(-1, 4), np.zeros(32, bool),
+                                           policy.init(jax.random.PRNGKey(1), 32))
   traj = Trajectory(obs, np.asarray(action).reshape(4, 8), (np.asarray(action).reshape(4, 8) == 1).astype(np.float32),
                     np.ones((4, 8), np.float32), np.zeros((4, 8), np.float32),
                     rng.normal(size=(4, 8, 4)).astype(np.float32),

@@ -44,11 +44,12 @@ def test_actions_rescale_to_env_bounds_and_back():
   params = networks.policy_init(jax.random.PRNGKey(0))
   policy = sac.make_policy(networks, sac.Config())
   obs = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
-  action, _, _ = jax.jit(policy.select_action)(params, obs, policy.init(jax.random.PRNGKey(1)))
+  first = np.ones(len(obs), bool)
+  action, _, _ = jax.jit(policy.select_action)(params, obs, first, policy.init(jax.random.PRNGKey(1), len(obs)))
   assert action.shape == (64, 1) and np.all(np.abs(action) <= 2.0)
   greedy = sac.make_policy(networks, sac.Config(), evaluation=True)
-  a1, _, _ = greedy.select_action(params, obs, greedy.init(jax.random.PRNGKey(1)))
-  a2, _, _ = greedy.select_action(params, obs, greedy.init(jax.random.PRNGKey(2)))
+  a1, _, _ = greedy.select_action(params, obs, first, greedy.init(jax.random.PRNGKey(1), len(obs)))
+  a2, _, _ = greedy.select_action(params, obs, first, greedy.init(jax.random.PRNGKey(2), len(obs)))
   np.testing.assert_array_equal(a1, a2)  # evaluation is deterministic
 
 

@@ -22,8 +22,8 @@ class BatchedPolicy(Protocol):
   version: int  # parameter version that chose the last actions
   extras: Dict[str, np.ndarray]  # what the policy reported with the last actions ([E, ...] each)
 
-  def __call__(self, obs: np.ndarray) -> np.ndarray:
-    """Actions [E, ...] for observations [E, ...]."""
+  def __call__(self, obs: np.ndarray, is_first: np.ndarray) -> np.ndarray:
+    """Actions [E, ...] for observations [E, ...]; `is_first` [E] bool marks episode starts."""
 
 
 class LocalPolicy:
@@ -32,20 +32,26 @@ class LocalPolicy:
   `timer` (a `jrl.experiment.report.PhaseTimer`) gets the parameter fetch as its own phase.
   """
 
-  def __init__(self, policy: PolicyFns, variables: VariableClient, key: PRNGKey, timer=None):
+  def __init__(self, policy: PolicyFns, variables: VariableClient, key: PRNGKey, timer=None,
+               num_envs: Optional[int] = None):
     self._select_action = jax.jit(policy.select_action)
-    self._state = policy.init(key)
+    self._init = policy.init
+    self._key = key
+    # Made now for `num_envs` envs, else at the first call for that many.
+    self._state = policy.init(key, num_envs) if num_envs is not None else None
     self._variables = variables
     self.version = variables.version
     self.extras: Dict[str, np.ndarray] = {}
     self.timer = timer if timer is not None else NULL_TIMER
 
-  def __call__(self, obs: np.ndarray) -> np.ndarray:
+  def __call__(self, obs: np.ndarray, is_first: np.ndarray) -> np.ndarray:
+    if self._state is None:
+      self._state = self._init(self._key, len(obs))
     self.timer.enter(PARAM_FETCH)
     self._variables.maybe_update()
     self.timer.exit()
     self.version = self._variables.version
-    action, extras, self._state = self._select_action(self._variables.params, obs, self._state)
+    action, extras, self._state = self._select_action(self._variables.params, obs, is_first, self._state)
     self.extras = extras
     return np.asarray(action)
 
@@ -73,6 +79,7 @@ class Actor:
     self._sink = sink
     obs, _ = env.reset()  # the env was seeded when it was made
     self._obs = np.asarray(obs, np.float32)
+    self._is_first = np.ones(env.num_envs, bool)  # episode starts: recurrent policies reset there
     self._tracker = EpisodeTracker(env.num_envs)
     self._env_action_dtype = env.single_action_space.dtype
     self.num_envs = env.num_envs
@@ -83,7 +90,7 @@ class Actor:
     timer = self.timer
     timer.enter(POLICY)
     try:
-      action = self.policy(self._obs)
+      action = self.policy(self._obs, self._is_first)
       timer.switch(ENV)
       # gymnasium's space checks are faster on its own dtype; replay keeps the policy's.
       next_obs, reward, terminated, truncated, info = self._env.step(
@@ -100,6 +107,7 @@ class Actor:
     finally:
       timer.exit()
     self._obs = next_obs
+    self._is_first = done  # autoreset: next_obs starts a new episode where one ended
     self.env_steps += self.num_envs
     return self._tracker.update(reward, done)
 
@@ -113,7 +121,8 @@ class Actor:
     except Exception:  # noqa: BLE001 - any env that refuses pickling is restarted instead
       env_bytes = None
     policy_state = self.policy.state() if hasattr(self.policy, "state") else None
-    return {"obs": self._obs, "env_steps": self.env_steps, "tracker": self._tracker.state(),
+    return {"obs": self._obs, "is_first": self._is_first, "env_steps": self.env_steps,
+            "tracker": self._tracker.state(),
             "adder": pickle.dumps(self._adder), "envs": env_bytes, "policy": policy_state}
 
   def restore(self, state: Dict[str, Any], reset_seed: int) -> bool:
@@ -125,9 +134,11 @@ class Actor:
     if state["envs"] is not None:
       self._env.envs = pickle.loads(state["envs"])
       self._obs = state["obs"]
+      self._is_first = state.get("is_first", np.zeros(self.num_envs, bool))
       self._tracker.restore(state["tracker"])
       self._adder = pickle.loads(state["adder"])
       return True
     obs, _ = self._env.reset(seed=reset_seed)
     self._obs = np.asarray(obs, np.float32)
+    self._is_first = np.ones(self.num_envs, bool)
     return False

@@ -37,14 +37,16 @@ class Evaluator:
   def run(self, params: Params) -> List[float]:
     obs, _ = self._env.reset(seed=self._seed + 1000 * self._count)
     self._key, key = jax.random.split(self._key)
-    state = self._policy.init(key)
-    self._count += 1
     n = self._env.num_envs
+    state = self._policy.init(key, n)
+    self._count += 1
     returns = np.zeros(n)
     running = np.ones(n, bool)
+    is_first = np.ones(n, bool)
     while running.any():
-      action, _, state = self._select_action(params, obs.astype(np.float32), state)
+      action, _, state = self._select_action(params, obs.astype(np.float32), is_first, state)
       obs, reward, terminated, truncated, _ = self._env.step(np.asarray(action))
+      is_first = np.logical_or(terminated, truncated)  # ended envs restart (their returns no longer count)
       returns += reward * running
       running &= ~np.logical_or(terminated, truncated)
     return [float(r) for r in returns]

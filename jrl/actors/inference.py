@@ -4,7 +4,10 @@ One request per actor step carries that actor's whole vector of observations.
 Requests from different actors are gathered for up to `timeout_ms` (or until
 every actor has asked) and answered by one jitted call of the agent's pure
 `select_action`, vmapped over actors. Each actor's policy state (RNG key,
-exploration schedule, later recurrent state) lives here, one slot per actor.
+exploration schedule, and for a recurrent policy the core state of each of its envs)
+lives here, one slot per actor; the actor sends which of its envs start an episode
+(`is_first`), the policy resets their core state, and the extras it reports (a
+recurrent policy's state at each step) go back with the actions.
 
 Observations travel as msgpack bytes: courier on the pinned stack drops numpy
 arguments (the call ends in Deadline Exceeded), while bytes arrive.
@@ -33,10 +36,10 @@ def decode(data: bytes) -> Any:
 
 
 class _Request:
-  __slots__ = ("actor_id", "obs", "done", "action", "extras", "error")
+  __slots__ = ("actor_id", "obs", "is_first", "done", "action", "extras", "error")
 
-  def __init__(self, actor_id: int, obs: np.ndarray):
-    self.actor_id, self.obs = actor_id, obs
+  def __init__(self, actor_id: int, obs: np.ndarray, is_first: np.ndarray):
+    self.actor_id, self.obs, self.is_first = actor_id, obs, is_first
     self.done = threading.Event()
     self.action: Optional[np.ndarray] = None
     self.extras: Dict[str, np.ndarray] = {}
@@ -48,11 +51,13 @@ class BatchedInference:
 
   def __init__(self, policy: PolicyFns, variables: VariableClient, key: PRNGKey, num_actors: int,
                num_envs: int, obs_shape, timeout_ms: float = 2.0, reply_timeout_s: float = 60.0):
-    self._select = jax.jit(jax.vmap(policy.select_action, in_axes=(None, 0, 0)))
-    self._states = jax.vmap(policy.init)(jax.random.split(key, num_actors))  # one slot per actor
+    self._select = jax.jit(jax.vmap(policy.select_action, in_axes=(None, 0, 0, 0)))
+    init = lambda k: policy.init(k, num_envs)
+    self._states = jax.vmap(init)(jax.random.split(key, num_actors))  # one slot per actor
     self._variables = variables
     self._num_actors = num_actors
     self._obs_buffer = np.zeros((num_actors, num_envs) + tuple(obs_shape), np.float32)
+    self._is_first_buffer = np.zeros((num_actors, num_envs), bool)
     self._timeout_s = timeout_ms / 1000.0
     # An actor counts as active while its last request is this recent.
     self._activity_window_s = 5 * self._timeout_s
@@ -64,7 +69,9 @@ class BatchedInference:
 
   # Called by RPC threads.
   def infer(self, actor_id: int, obs_bytes: bytes) -> bytes:
-    request = _Request(int(actor_id), np.asarray(decode(obs_bytes)["obs"], np.float32))
+    message = decode(obs_bytes)
+    obs = np.asarray(message["obs"], np.float32)
+    request = _Request(int(actor_id), obs, np.asarray(message["is_first"], bool))
     self._requests.put(request)
     if not request.done.wait(self._reply_timeout_s):
       raise TimeoutError(f"inference server gave no action within {self._reply_timeout_s}s")
@@ -126,8 +133,10 @@ class BatchedInference:
       present = np.zeros(self._num_actors, bool)
       for request in batch:
         self._obs_buffer[request.actor_id] = request.obs
+        self._is_first_buffer[request.actor_id] = request.is_first
         present[request.actor_id] = True
-      actions, extras, new_states = self._select(self._variables.params, self._obs_buffer, self._states)
+      actions, extras, new_states = self._select(self._variables.params, self._obs_buffer, self._is_first_buffer,
+                                                 self._states)
       keep = jnp.asarray(present)
       self._states = jax.tree_util.tree_map(
           lambda new, old: jnp.where(keep.reshape((-1,) + (1,) * (new.ndim - 1)), new, old), new_states, self._states)
@@ -156,8 +165,9 @@ class InferenceClient:
     self.version = 0
     self.extras: Dict[str, np.ndarray] = {}
 
-  def __call__(self, obs: np.ndarray) -> np.ndarray:
-    reply = decode(self._infer(self._actor_id, encode({"obs": np.asarray(obs, np.float32)})))
+  def __call__(self, obs: np.ndarray, is_first: np.ndarray) -> np.ndarray:
+    message = {"obs": np.asarray(obs, np.float32), "is_first": np.asarray(is_first, bool)}
+    reply = decode(self._infer(self._actor_id, encode(message)))
     self.version = int(reply["version"])
     self.extras = {k: np.asarray(v) for k, v in (reply.get("extras") or {}).items()}
     return np.asarray(reply["action"])

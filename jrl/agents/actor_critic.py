@@ -47,7 +47,8 @@ def make_categorical_policy(networks: Networks, evaluation: bool, report: str) -
   """Samples the categorical over the logits (its mode when evaluating) and reports
   `report` in extras: "log_prob" of the action (PPO) or the "logits" (IMPALA)."""
 
-  def select_action(params, obs: Array, state: ActorState):
+  def select_action(params, obs: Array, is_first: Array, state: ActorState):
+    del is_first  # feed-forward: nothing to reset at episode starts
     key, sample_key = jax.random.split(state.key)
     logits, _ = networks.apply(params, obs)
     dist = distrax.Categorical(logits=logits)

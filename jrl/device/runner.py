@@ -139,6 +139,9 @@ def make_plan(exp: ExperimentConfig, parts: AgentParts, agent_cfg, num_devices: 
   n, b = exp.num_envs, agent_cfg.batch_size
   if n % num_devices:
     raise ConfigError("num_envs", f"must be divisible by the {num_devices} learner devices, got {n}")
+  if spec.replayed_sequences:
+    raise ConfigError("backend", f"{exp.agent} replays sequences with their recurrent state, which the device "
+                                 "backend does not store yet: use --backend host")
   if spec.sequences:
     if n % b and b % n:
       raise ConfigError("num_envs", f"and batch_size must divide one another for on-policy agents on the device "
@@ -218,7 +221,9 @@ class DeviceLoop:
       from jrl.types import Transition
       return LearnerBatch(Transition(obs, act, scalar, scalar, obs), scalar)
     params = jax.eval_shape(lambda k: self.learner.params(self.learner.init(k)), jax.random.PRNGKey(0))
-    _, extras, _ = jax.eval_shape(self.policy.select_action, params, obs, self.policy.init(jax.random.PRNGKey(0)))
+    is_first = jnp.ones((self.batch_size,), bool)
+    _, extras, _ = jax.eval_shape(self.policy.select_action, params, obs, is_first,
+                                  self.policy.init(jax.random.PRNGKey(0), self.batch_size))
     t = self.spec.sequence_length
     seq = lambda x: jnp.zeros((x.shape[0], t) + x.shape[1:], x.dtype)
     traj = Trajectory(seq(obs), seq(act), seq(scalar), seq(scalar), seq(scalar), seq(obs),
@@ -245,14 +250,15 @@ class DeviceLoop:
       _, row, _ = device_replay.window_add(window, obs, action_example, jnp.zeros(n), jnp.zeros(n, bool),
                                            jnp.zeros(n, bool), obs, self.gamma)
       ring = device_replay.ring_init(row, max(1, self.spec.max_size // n), self.spec.prioritized)
-    return Carry(env_state, obs, self.policy.init(actor_key), learner_state, env_key, replay_key,
+    return Carry(env_state, obs, self.policy.init(actor_key, n), learner_state, env_key, replay_key,
                  jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.int32), jnp.zeros((), jnp.int32), window, ring)
 
   # One vector step of acting.
 
   def _act(self, carry: Carry):
     params = self.learner.params(carry.learner_state)
-    action, extras, actor_state = self.policy.select_action(params, carry.obs, carry.actor_state)
+    is_first = carry.episode_length == 0  # a new episode starts with this observation
+    action, extras, actor_state = self.policy.select_action(params, carry.obs, is_first, carry.actor_state)
     env_key, step_key = jax.random.split(carry.env_key)
     out = self.env.step(step_key, carry.env_state, action)
     done = jnp.logical_or(out.terminated, out.truncated)
@@ -356,14 +362,15 @@ class DeviceLoop:
 
     def body(c):
       obs, env_state, actor_state, returns, running, key, t = c
-      action, _, actor_state = self.eval_policy.select_action(params, obs, actor_state)
+      is_first = jnp.full(obs.shape[:1], t == 0)  # envs that ended no longer count
+      action, _, actor_state = self.eval_policy.select_action(params, obs, is_first, actor_state)
       key, k = jax.random.split(key)
       out = self.env.step(k, env_state, action)
       returns = returns + out.reward * running
       running = jnp.logical_and(running, ~jnp.logical_or(out.terminated, out.truncated))
       return out.observation, out.state, actor_state, returns, running, key, t + 1
 
-    init = (obs, env_state, self.eval_policy.init(policy_key), jnp.zeros(e, jnp.float32), jnp.ones(e, bool),
+    init = (obs, env_state, self.eval_policy.init(policy_key, e), jnp.zeros(e, jnp.float32), jnp.ones(e, bool),
             step_key, jnp.zeros((), jnp.int32))
     return jax.lax.while_loop(cond, body, init)[3]
 

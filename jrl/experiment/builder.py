@@ -11,6 +11,8 @@ from jrl.agents import get_agent
 from jrl.replay.adders import BlockWriter, NStepTransitionAdder, SequenceAdder
 from jrl.replay.batches import PreparedBatch, assemble, assemble_sequences, items_per_call
 from jrl.replay.buffer import SampledItems
+from jrl.replay.sequence_adder import (START_STATE_KEY, OverlappingSequenceAdder, assemble_sequence_batches,
+                                       example_sequence)
 from jrl.replay.spec import ReplaySpec
 from jrl.specs import EnvSpec
 from jrl.types import Trajectory, Transition
@@ -54,7 +56,8 @@ def policy_extras_example(parts: AgentParts, agent_cfg) -> Dict[str, np.ndarray]
   policy = parts.agent.make_policy(parts.networks, agent_cfg)
   params = jax.eval_shape(lambda key: learner.params(learner.init(key)), jax.random.PRNGKey(0))
   obs = jnp.zeros((1,) + parts.env_spec.observation_shape, jnp.float32)
-  _, extras, _ = jax.eval_shape(policy.select_action, params, obs, policy.init(jax.random.PRNGKey(0)))
+  is_first = jnp.ones((1,), bool)
+  _, extras, _ = jax.eval_shape(policy.select_action, params, obs, is_first, policy.init(jax.random.PRNGKey(0), 1))
   return {k: np.zeros(v.shape[1:], v.dtype) for k, v in extras.items()}
 
 
@@ -62,6 +65,9 @@ def example_item(parts: AgentParts, agent_cfg) -> Any:
   """Zeros shaped like one replay item: a block of transitions, or a trajectory."""
   spec = parts.replay_spec
   step = example_transition(parts.env_spec)
+  if spec.replayed_sequences:
+    start_state = policy_extras_example(parts, agent_cfg)[START_STATE_KEY]
+    return example_sequence(step.observation, step.action, start_state, spec.replay_sequence_length)
   if not spec.sequences:
     return Transition(*[np.zeros((spec.block_size,) + np.shape(x), np.asarray(x).dtype) for x in step])
   t = spec.sequence_length
@@ -72,19 +78,23 @@ def example_item(parts: AgentParts, agent_cfg) -> Any:
 
 
 def make_adder(spec: ReplaySpec, num_envs: int, agent_cfg):
+  if spec.replayed_sequences:
+    return OverlappingSequenceAdder(num_envs, spec.replay_sequence_length, spec.replay_sequence_period)
   if spec.sequences:
     return SequenceAdder(num_envs, spec.sequence_length)
   return NStepTransitionAdder(num_envs, getattr(agent_cfg, "n_step", 1), agent_cfg.discount)
 
 
 def make_block_writer(spec: ReplaySpec, writer) -> BlockWriter:
-  if spec.sequences:
+  if spec.sequences or spec.replayed_sequences:
     return BlockWriter(writer, 1, squeeze=True)  # one trajectory per item
   return BlockWriter(writer, spec.block_size)
 
 
 def items_per_fetch(spec: ReplaySpec, updates_per_call: int, batch_size: int) -> int:
   """Items one learner call consumes: whole sequences, or enough transition blocks."""
+  if spec.replayed_sequences:
+    return updates_per_call * batch_size
   return batch_size if spec.sequences else items_per_call(updates_per_call, batch_size, spec.block_size)
 
 
@@ -93,4 +103,6 @@ def make_assembler(spec: ReplaySpec, updates_per_call: int, batch_size: int,
   if spec.sequences:
     return lambda sampled: assemble_sequences(sampled, batch_size)
   importance = spec.importance_exponent if spec.prioritized else None
+  if spec.replayed_sequences:
+    return lambda sampled: assemble_sequence_batches(sampled, updates_per_call, batch_size, importance)
   return lambda sampled: assemble(sampled, updates_per_call, batch_size, importance, rng)

@@ -267,8 +267,8 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   adder = make_adder(replay_spec, exp.num_envs, agent_cfg)
   variables = VariableClient(learner)
   # The learner times its parameter copies itself (the policy's fetch is a cached read otherwise).
-  actor = Actor(env, LocalPolicy(agent.make_policy(networks, agent_cfg), variables, actor_key),
-                adder=adder, sink=block_writer.add, timer=timer)
+  local_policy = LocalPolicy(agent.make_policy(networks, agent_cfg), variables, actor_key, num_envs=exp.num_envs)
+  actor = Actor(env, local_policy, adder=adder, sink=block_writer.add, timer=timer)
   evaluator_seed = seeding.env_seed(exp.seed, "evaluator")
   evaluator = Evaluator(exp.env, agent.make_policy(networks, agent_cfg, evaluation=True),
                         exp.eval_episodes, seed=evaluator_seed)
@@ -309,7 +309,9 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
     transitions sampled at samples_per_insert x inserted."""
     if replay_spec.sequences:
       return calls_due(block_writer.transitions_written - loop.lost_sequences, replay_spec, local_batch_size)
-    return calls_due(actor.env_steps - held_back, replay_spec, samples_per_call)
+    # Replayed sequences (R2D2) are counted as the items they are, one per sequence written.
+    rows = block_writer.transitions_written if replay_spec.replayed_sequences else actor.env_steps - held_back
+    return calls_due(rows, replay_spec, samples_per_call)
 
   start = time.monotonic()
   elapsed = lambda: loop.wall_before + time.monotonic() - start

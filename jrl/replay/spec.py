@@ -24,10 +24,20 @@ class ReplaySpec:
   # On-policy data: items are trajectories of `sequence_length` steps in a FIFO
   # queue, each sampled once (block_size, samples_per_insert and priorities unused).
   sequence_length: int = 0          # 0: items are blocks of n-step transitions
+  # Off-policy sequences (R2D2): items are sequences of `replay_sequence_length` steps, one
+  # every `replay_sequence_period` steps of each env (they overlap), with the recurrent state
+  # at their start (`jrl.replay.sequence_adder`); stored and sampled as blocks of one item
+  # (uniform or prioritized, at `samples_per_insert` sequences per sequence inserted).
+  replay_sequence_length: int = 0
+  replay_sequence_period: int = 0
 
   @property
   def sequences(self) -> bool:
     return self.sequence_length > 0
+
+  @property
+  def replayed_sequences(self) -> bool:
+    return self.replay_sequence_length > 0
 
   def __post_init__(self):
     for name in ("block_size", "max_size"):

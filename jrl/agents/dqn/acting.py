@@ -17,7 +17,8 @@ def epsilon_schedule(cfg: Config) -> optax.Schedule:
 def make_policy(networks: Networks, cfg: Config, evaluation: bool = False) -> PolicyFns:
   schedule = epsilon_schedule(cfg)
 
-  def select_action(params, obs: Array, state: ActorState):
+  def select_action(params, obs: Array, is_first: Array, state: ActorState):
+    del is_first  # feed-forward: nothing to reset at episode starts
     key, sample_key = jax.random.split(state.key)
     q = networks.apply(params, obs)
     if evaluation and cfg.eval_epsilon == 0.0:

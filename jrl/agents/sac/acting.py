@@ -11,7 +11,8 @@ from jrl.types import ActorState, Array, PolicyFns, initial_actor_state
 def make_policy(networks: Networks, cfg: Config, evaluation: bool = False) -> PolicyFns:
   del cfg
 
-  def select_action(params, obs: Array, state: ActorState):
+  def select_action(params, obs: Array, is_first: Array, state: ActorState):
+    del is_first  # feed-forward: nothing to reset at episode starts
     key, sample_key = jax.random.split(state.key)
     mean, log_std = networks.policy_apply(params, obs)
     action = jnp.tanh(mean) if evaluation else tanh_gaussian(mean, log_std).sample(seed=sample_key)
