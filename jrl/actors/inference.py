@@ -1,16 +1,27 @@
 """Central batched inference (SEED RL style), independent of the RPC layer.
 
 One request per actor step carries that actor's whole vector of observations.
-Requests from different actors are gathered for up to `timeout_ms` (or until
-every actor has asked) and answered by one jitted call of the agent's pure
-`select_action`, vmapped over actors. Each actor's policy state (RNG key,
-exploration schedule, and for a recurrent policy the core state of each of its envs)
-lives here, one slot per actor; the actor sends which of its envs start an episode
-(`is_first`), the policy resets their core state, and the extras it reports (a
-recurrent policy's state at each step) go back with the actions.
+Requests from different actors are gathered and answered by one jitted call of
+the agent's pure `select_action`, vmapped over actors. Each actor's policy state
+(RNG key, exploration schedule, and for a recurrent policy the core state of each
+of its envs) lives here, one slot per actor; the actor sends which of its envs
+start an episode (`is_first`), the policy resets their core state, and the extras
+it reports (a recurrent policy's state at each step) go back with the actions.
+
+Batching takes what is in flight: after the first request, the server waits for
+every actor that asked recently (within a few timeouts), up to `timeout_ms`; an
+actor held up elsewhere (a full replay queue) therefore stops costing each batch
+the whole timeout. Requests that arrive while a batch is computed open the next.
+
+Per request, the RPC thread only queues the payload and waits: decoding, the
+policy, and encoding the replies run in the serving thread, so the GIL changes
+hands once per request, not three times. Parameters stay on the device and are
+replaced only when their version changes (`VariableClient`).
 
 Observations travel as msgpack bytes: courier on the pinned stack drops numpy
-arguments (the call ends in Deadline Exceeded), while bytes arrive.
+arguments (the call ends in Deadline Exceeded), while bytes arrive. Courier's own
+batched handler (`BuildBatchedHandlerWrapper`) never answers a call that has
+arguments on this stack (tested: ints, bytes, lists), so batching happens here.
 """
 
 import queue
@@ -24,6 +35,7 @@ import numpy as np
 from flax import serialization
 
 from jrl.actors.variables import VariableClient
+from jrl.experiment.report import COLLECT, IDLE, INFERENCE_WAIT, NULL_TIMER, PARAM_FETCH, POLICY, REPLY, PhaseTimer
 from jrl.types import PolicyFns, PRNGKey
 
 
@@ -36,22 +48,39 @@ def decode(data: bytes) -> Any:
 
 
 class _Request:
-  __slots__ = ("actor_id", "obs", "is_first", "done", "action", "extras", "error")
+  __slots__ = ("actor_id", "payload", "done", "reply", "error")
 
-  def __init__(self, actor_id: int, obs: np.ndarray, is_first: np.ndarray):
-    self.actor_id, self.obs, self.is_first = actor_id, obs, is_first
+  def __init__(self, actor_id: int, payload: bytes):
+    self.actor_id, self.payload = actor_id, payload
     self.done = threading.Event()
-    self.action: Optional[np.ndarray] = None
-    self.extras: Dict[str, np.ndarray] = {}
+    self.reply: Optional[bytes] = None
     self.error: Optional[BaseException] = None
 
 
+def _select_and_keep(select_action):
+  """The policy vmapped over actor slots; slots not in the batch keep their state."""
+  select = jax.vmap(select_action, in_axes=(None, 0, 0, 0))
+
+  def step(params, obs, is_first, states, present):
+    actions, extras, new_states = select(params, obs, is_first, states)
+    keep = lambda new, old: jnp.where(present.reshape((-1,) + (1,) * (new.ndim - 1)), new, old)
+    return actions, extras, jax.tree_util.tree_map(keep, new_states, states)
+
+  return jax.jit(step)
+
+
 class BatchedInference:
-  """Serves `infer` calls from many threads; `serve` runs the batching loop."""
+  """Serves `infer` calls from many threads; `serve` runs the batching loop.
+
+  `timer` (a `PhaseTimer`, made here by default) times the serving thread: `idle` (no
+  request), `collect` (waiting for more actors to fill the batch), `param_fetch`, `policy`
+  (decode and the jitted call) and `reply` (encode and wake the callers).
+  """
 
   def __init__(self, policy: PolicyFns, variables: VariableClient, key: PRNGKey, num_actors: int,
-               num_envs: int, obs_shape, timeout_ms: float = 2.0, reply_timeout_s: float = 60.0):
-    self._select = jax.jit(jax.vmap(policy.select_action, in_axes=(None, 0, 0, 0)))
+               num_envs: int, obs_shape, timeout_ms: float = 2.0, reply_timeout_s: float = 60.0,
+               timer: Optional[PhaseTimer] = None):
+    self._select = _select_and_keep(policy.select_action)
     init = lambda k: policy.init(k, num_envs)
     self._states = jax.vmap(init)(jax.random.split(key, num_actors))  # one slot per actor
     self._variables = variables
@@ -66,18 +95,19 @@ class BatchedInference:
     self._requests: "queue.Queue[_Request]" = queue.Queue()
     self.batch_size_counts: Dict[int, int] = {}
     self.version = variables.version
+    self.timer = timer if timer is not None else PhaseTimer(base=IDLE)
 
   # Called by RPC threads.
-  def infer(self, actor_id: int, obs_bytes: bytes) -> bytes:
-    message = decode(obs_bytes)
-    obs = np.asarray(message["obs"], np.float32)
-    request = _Request(int(actor_id), obs, np.asarray(message["is_first"], bool))
+  def infer(self, actor_id: int, payload: bytes) -> bytes:
+    """`payload`: msgpack of {"obs": [E, ...] float32, "is_first": [E] bool}; the reply: msgpack
+    of {"action", "extras", "version"}."""
+    request = _Request(int(actor_id), payload)
     self._requests.put(request)
     if not request.done.wait(self._reply_timeout_s):
       raise TimeoutError(f"inference server gave no action within {self._reply_timeout_s}s")
     if request.error is not None:
       raise RuntimeError(f"inference failed: {request.error}")
-    return encode({"action": request.action, "extras": request.extras, "version": self.version})
+    return request.reply
 
   def state(self) -> Any:
     """The policy state of every actor's slot (leading axis: actor)."""
@@ -87,87 +117,112 @@ class BatchedInference:
     """Replaces the slots' policy state; call before `serve`."""
     self._states = jax.device_put(state)
 
-  def stats(self) -> Dict[str, float]:
-    total = sum(self.batch_size_counts.values())
-    mean = sum(k * v for k, v in self.batch_size_counts.items()) / total if total else 0.0
+  def stats(self) -> Dict[str, Any]:
+    """Batches answered, their mean size, and the histogram {size: count}."""
+    counts = dict(self.batch_size_counts)
+    total = sum(counts.values())
+    mean = sum(k * v for k, v in counts.items()) / total if total else 0.0
     return {"batches": float(total), "batch_mean": mean,
-            **{f"batch_size_{k}": float(v) for k, v in sorted(self.batch_size_counts.items())}}
+            **{f"batch_size_{k}": float(v) for k, v in sorted(counts.items())}}
 
   # The serving loop.
   def serve(self, stop: threading.Event) -> None:
-    while not stop.is_set():
-      batch = self._collect()
-      if batch:
-        self._answer(batch)
+    timer = self.timer
+    if isinstance(timer, PhaseTimer):
+      timer.start()
+    try:
+      while not stop.is_set():
+        batch = self._collect()
+        if batch:
+          self._answer(batch)
+    finally:
+      if isinstance(timer, PhaseTimer):
+        timer.stop()
 
   def _collect(self) -> List[_Request]:
     """The first request, then more until every recently active actor has asked or the
-    timeout passes. Waiting only for actors seen lately (not all of them) keeps an actor
-    that is blocked elsewhere (e.g. on a full replay queue) from costing every batch the
-    whole timeout."""
+    timeout passes."""
     try:
-      first = self._requests.get(timeout=0.1)
+      first = self._requests.get(timeout=0.1)  # the timer's base phase: idle
     except queue.Empty:
       return []
-    batch = [first]
-    now = time.monotonic()
-    self._last_seen[first.actor_id] = now
-    expected = int(np.sum(now - self._last_seen <= self._activity_window_s))
-    deadline = now + self._timeout_s
-    while len(batch) < expected:
-      remaining = deadline - time.monotonic()
-      if remaining <= 0:
-        break
-      try:
-        request = self._requests.get(timeout=remaining)
-      except queue.Empty:
-        break
-      self._last_seen[request.actor_id] = time.monotonic()
-      batch.append(request)
-    return batch
+    self.timer.enter(COLLECT)
+    try:
+      batch = [first]
+      now = time.monotonic()
+      self._last_seen[first.actor_id] = now
+      expected = int(np.sum(now - self._last_seen <= self._activity_window_s))
+      deadline = now + self._timeout_s
+      while len(batch) < expected:
+        try:  # what is already queued, without waiting
+          request = self._requests.get_nowait()
+        except queue.Empty:
+          remaining = deadline - time.monotonic()
+          if remaining <= 0:
+            break
+          try:
+            request = self._requests.get(timeout=remaining)
+          except queue.Empty:
+            break
+        self._last_seen[request.actor_id] = time.monotonic()
+        batch.append(request)
+      return batch
+    finally:
+      self.timer.exit()
 
   def _answer(self, batch: List[_Request]) -> None:
+    timer = self.timer
+    timer.enter(PARAM_FETCH)
     try:
-      self._variables.maybe_update()
-      self.version = self._variables.version
+      self._variables.maybe_update()  # a device copy only when the version changed
+      self.version = version = self._variables.version
+      timer.switch(POLICY)
       present = np.zeros(self._num_actors, bool)
       for request in batch:
-        self._obs_buffer[request.actor_id] = request.obs
-        self._is_first_buffer[request.actor_id] = request.is_first
+        message = decode(request.payload)
+        self._obs_buffer[request.actor_id] = message["obs"]
+        self._is_first_buffer[request.actor_id] = message["is_first"]
         present[request.actor_id] = True
-      actions, extras, new_states = self._select(self._variables.params, self._obs_buffer, self._is_first_buffer,
-                                                 self._states)
-      keep = jnp.asarray(present)
-      self._states = jax.tree_util.tree_map(
-          lambda new, old: jnp.where(keep.reshape((-1,) + (1,) * (new.ndim - 1)), new, old), new_states, self._states)
-      actions = np.asarray(actions)
-      extras = {k: np.asarray(v) for k, v in extras.items()}
+      actions, extras, self._states = self._select(self._variables.params, self._obs_buffer,
+                                                   self._is_first_buffer, self._states, present)
+      actions, extras = jax.device_get((actions, extras))
+      timer.switch(REPLY)
       self.batch_size_counts[len(batch)] = self.batch_size_counts.get(len(batch), 0) + 1
       for request in batch:
-        request.action = actions[request.actor_id]
-        request.extras = {k: v[request.actor_id] for k, v in extras.items()}
+        i = request.actor_id
+        request.reply = encode({"action": actions[i], "extras": {k: v[i] for k, v in extras.items()},
+                                "version": version})
     except BaseException as e:  # every waiting actor hears of it
       for request in batch:
         request.error = e
       raise
     finally:
+      timer.exit()
       for request in batch:
         request.done.set()
 
 
 class InferenceClient:
-  """An actor's policy that asks a central server through `infer(actor_id, obs_bytes) -> bytes`
-  (a courier call in distributed runs, `BatchedInference.infer` in one process)."""
+  """An actor's policy that asks a central server through `infer(actor_id, payload) -> bytes`
+  (a courier call in distributed runs, `BatchedInference.infer` in one process). `timer`
+  gets the wait for the reply as `inference_wait` (encoding and decoding stay in the
+  caller's phase)."""
 
-  def __init__(self, infer: Callable[[int, bytes], bytes], actor_id: int):
+  def __init__(self, infer: Callable[[int, bytes], bytes], actor_id: int, timer=None):
     self._infer = infer
     self._actor_id = actor_id
     self.version = 0
     self.extras: Dict[str, np.ndarray] = {}
+    self.timer = timer if timer is not None else NULL_TIMER
 
   def __call__(self, obs: np.ndarray, is_first: np.ndarray) -> np.ndarray:
-    message = {"obs": np.asarray(obs, np.float32), "is_first": np.asarray(is_first, bool)}
-    reply = decode(self._infer(self._actor_id, encode(message)))
+    payload = encode({"obs": np.asarray(obs, np.float32), "is_first": np.asarray(is_first, bool)})
+    self.timer.enter(INFERENCE_WAIT)
+    try:
+      reply = self._infer(self._actor_id, payload)
+    finally:
+      self.timer.exit()
+    reply = decode(reply)
     self.version = int(reply["version"])
     self.extras = {k: np.asarray(v) for k, v in (reply.get("extras") or {}).items()}
     return np.asarray(reply["action"])

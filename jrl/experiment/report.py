@@ -60,12 +60,14 @@ EVAL = "eval"                    # evaluation episodes
 CHECKPOINT = "checkpoint"        # checkpoints and policy snapshots
 COMPILE = "compile"              # JAX tracing, lowering and compiling (moved out of the phase that triggered it)
 QUEUE_WAIT = "queue_wait"        # a producer blocked on a full queue
+COLLECT = "collect"              # an inference server waiting for more actors' requests to fill a batch
+REPLY = "reply"                  # an inference server encoding its replies and waking the callers
 IDLE = "idle"                    # nothing to do
 OTHER = "other"                  # bookkeeping: metrics, logging, the loop itself
 
 PHASES = (ENV, POLICY, INFERENCE_WAIT, INSERT, RATE_LIMIT_WAIT, SAMPLE_WAIT, SAMPLE, ASSEMBLE, PLACE, UPDATE,
-          PARAM_FETCH, EVAL, CHECKPOINT, COMPILE, QUEUE_WAIT, IDLE, OTHER)
-WAITING = frozenset({INFERENCE_WAIT, RATE_LIMIT_WAIT, SAMPLE_WAIT, QUEUE_WAIT, IDLE})
+          PARAM_FETCH, EVAL, CHECKPOINT, COMPILE, COLLECT, REPLY, QUEUE_WAIT, IDLE, OTHER)
+WAITING = frozenset({INFERENCE_WAIT, RATE_LIMIT_WAIT, SAMPLE_WAIT, QUEUE_WAIT, COLLECT, IDLE})
 
 # What a phase says about the run when it is the largest of the bounding node: the
 # `bottleneck` name (a waiting phase names whom it waits for).
@@ -73,7 +75,7 @@ BOTTLENECK_OF = {
     ENV: "env", POLICY: "policy", INFERENCE_WAIT: "inference", INSERT: "replay", RATE_LIMIT_WAIT: "learner",
     SAMPLE_WAIT: "replay", SAMPLE: "replay", ASSEMBLE: "replay", PLACE: "replay", UPDATE: "learner",
     PARAM_FETCH: "params", EVAL: "evaluation", CHECKPOINT: "checkpoint", COMPILE: "compile", QUEUE_WAIT: "learner",
-    IDLE: "other", OTHER: "other",
+    COLLECT: "env", REPLY: "inference", IDLE: "other", OTHER: "other",
 }
 DOING = {
     ENV: "steps the envs", POLICY: "runs the policy", INFERENCE_WAIT: "waits on the inference server",
@@ -81,7 +83,8 @@ DOING = {
     SAMPLE_WAIT: "waits for learner batches", SAMPLE: "samples replay", ASSEMBLE: "assembles batches",
     PLACE: "places batches on the learner's devices", UPDATE: "updates the learner",
     PARAM_FETCH: "fetches parameters", EVAL: "evaluates", CHECKPOINT: "writes checkpoints",
-    COMPILE: "compiles JAX programs",
+    COMPILE: "compiles JAX programs", COLLECT: "waits for actors' requests to fill a batch",
+    REPLY: "encodes replies",
     QUEUE_WAIT: "waits on a full queue", IDLE: "idles", OTHER: "does bookkeeping (metrics, logs, the loop)",
 }
 CHANGE = {
