@@ -13,6 +13,8 @@ own parser before any seed starts. Exit status: 0 when every seed finished, 1 wh
 """
 
 import argparse
+import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -70,15 +72,17 @@ def parse_args(argv: Sequence[str]):
       raise ConfigError("run_dir", f"'{args.run_dir}' is an existing file, not a folder")
     if os.path.isfile(os.path.join(args.run_dir, "config.json")):
       raise ConfigError("run_dir", f"'{args.run_dir}' is a run, not a sweep folder")
-    check_train_flags(args.agent, args.env, args.seed_list[0], train_argv)
+    exp, agent_cfg = check_train_flags(args.agent, args.env, args.seed_list[0], train_argv)
+    args.reused = finished_earlier(args.run_dir, exp, agent_cfg, args.seed_list)
   except ConfigError as e:
     fail(PROG, e)
   return args, train_argv
 
 
-def check_train_flags(agent_name: str, env: str, seed: int, train_argv: Sequence[str]) -> None:
+def check_train_flags(agent_name: str, env: str, seed: int, train_argv: Sequence[str]):
   """Everything launch.train checks before it starts, on one seed's command line: an unknown
-  agent, flag or env, a bad value. argparse errors exit 2 here; the rest raise ConfigError."""
+  agent, flag or env, a bad value. argparse errors exit 2 here; the rest raise ConfigError.
+  Returns that seed's (experiment config, agent config)."""
   from jrl.agents import get_agent
   from jrl.experiment.config import ExperimentConfig
   from launch.train import make_parser
@@ -86,11 +90,47 @@ def check_train_flags(agent_name: str, env: str, seed: int, train_argv: Sequence
   parser = make_parser(agent_name, agent, prog=PROG)
   args = parser.parse_args(["--agent", agent_name, "--env", env, "--seed", str(seed), *train_argv])
   exp = build_config(ExperimentConfig, args)
-  build_config(agent.Config, args)
+  agent_cfg = build_config(agent.Config, args)
   exp.check_given_flags(given_fields(ExperimentConfig, args))
   if exp.backend == "host":  # device runs check their gymnax env id themselves
     from jrl.envs import check_env_id
     check_env_id(exp.env)
+  return exp, agent_cfg
+
+
+def _comparable(payload: Dict) -> Dict:
+  """A config.json payload as JSON values, without the run directory (the same run may be named
+  by another path)."""
+  data = json.loads(json.dumps(payload))  # tuples -> lists, as in config.json
+  data.get("experiment", {}).pop("run_dir", None)
+  return data
+
+
+def finished_earlier(sweep_dir: str, exp, agent_cfg, seeds: Sequence[int]) -> List[int]:
+  """Seeds whose run directory already holds a finished run with this sweep's settings: they are
+  reused, so a sweep can be extended (0-2, then 0-4). Any other run already there is a ConfigError
+  naming it (launch.train would refuse it)."""
+  from jrl.errors import ConfigError
+  from jrl.experiment.files import config_payload
+  from jrl.experiment.sweep_report import run_dir_name
+  reused = []
+  for seed in seeds:
+    run_dir = os.path.join(sweep_dir, run_dir_name(exp.agent, exp.env, seed))
+    if not os.path.isfile(os.path.join(run_dir, "config.json")):
+      continue
+    try:
+      with open(os.path.join(run_dir, "config.json")) as f:
+        saved = _comparable(json.load(f))
+    except (OSError, ValueError):
+      saved = None
+    wanted = _comparable(config_payload(dataclasses.replace(exp, seed=seed), agent_cfg))
+    if saved == wanted and os.path.isfile(os.path.join(run_dir, "summary.json")):
+      reused.append(seed)
+      continue
+    state = "with other settings" if saved != wanted else "that did not finish"
+    raise ConfigError("run_dir", f"'{run_dir}' already holds a run {state}; remove it, pick another --run_dir, "
+                                 f"or report on what is there with python -m launch.report {sweep_dir}")
+  return reused
 
 
 def plan(agent: str, env: str, seeds: Sequence[int], sweep_dir: str, train_argv: Sequence[str]) -> List[Job]:
@@ -184,11 +224,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   from jrl.experiment import sweep_report
   from jrl.experiment.files import write_json
   os.makedirs(args.run_dir, exist_ok=True)
-  jobs = plan(args.agent, args.env, args.seed_list, args.run_dir, train_argv)
-  print(f"[sweep] {args.agent} on {args.env}: {len(jobs)} seeds ({args.seeds}), {args.parallel} at a time, "
+  jobs = plan(args.agent, args.env, [s for s in args.seed_list if s not in args.reused], args.run_dir, train_argv)
+  print(f"[sweep] {args.agent} on {args.env}: {len(args.seed_list)} seeds ({args.seeds}), {args.parallel} at a time, "
         f"into {args.run_dir}", flush=True)
-  outcomes: List[Outcome] = []
   record_path = os.path.join(args.run_dir, sweep_report.SWEEP_FILE)
+  outcomes: List[Outcome] = []
+  for seed in args.reused:
+    outcomes.append(Outcome(seed, sweep_report.run_dir_name(args.agent, args.env, seed), 0, 0.0, ""))
+    print(f"[sweep] seed {seed}: finished earlier with the same settings; reused", flush=True)
+  if args.reused:
+    write_json(record_path, sweep_record(args, train_argv, outcomes))
 
   def on_done(outcome: Outcome) -> None:
     outcomes.append(outcome)
@@ -196,7 +241,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     state = "done" if outcome.returncode == 0 else \
         f"FAILED ({outcome.error}; log {os.path.join(args.run_dir, 'logs', outcome.name + '.log')})"
     print(f"[sweep] seed {outcome.seed}: {state} in {outcome.seconds:.1f}s "
-          f"[{len(outcomes)}/{len(jobs)} finished]", flush=True)
+          f"[{len(outcomes)}/{len(args.seed_list)} finished]", flush=True)
 
   try:
     run_jobs(jobs, args.parallel, os.path.join(args.run_dir, "logs"), on_done)

@@ -179,6 +179,21 @@ def test_report_compares_two_agents(dqn_sweep, ppo_sweep, tmp_path):
   assert "report: 5 runs in 2 groups" in proc.stdout
 
 
+def test_rerun_reuses_finished_seeds_and_refuses_other_settings(dqn_sweep, capsys):
+  _, out = dqn_sweep
+  digests = [_summary(os.path.join(out, f"dqn-CartPole-v1-s{s}"))["params_digest"] for s in range(3)]
+  assert sweep.main(["--seeds", "0-2", "--run_dir", out, "--reps", "100", *SHORT]) == 0
+  text = capsys.readouterr().out
+  assert text.count("finished earlier with the same settings; reused") == 3 and "started" not in text
+  assert [_summary(os.path.join(out, f"dqn-CartPole-v1-s{s}"))["params_digest"] for s in range(3)] == digests
+  with pytest.raises(SystemExit) as exit_info:
+    sweep.main(["--seeds", "0-2", "--run_dir", out, *SHORT, "--eval_every", "500"])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err.strip()
+  assert err.count("\n") == 0 and "run_dir: " in err and "already holds a run with other settings" in err
+  sweep.main(["--seeds", "0-2", "--run_dir", out, "--reps", str(REPS), *SHORT])  # the fixture's report again
+
+
 def test_bad_seeds_exit_2_with_one_line_and_run_nothing(tmp_path):
   out = tmp_path / "sweep"
   proc = _run("launch.sweep", "--seeds", "3-1", "--run_dir", str(out), *SHORT)
