@@ -159,6 +159,8 @@ class _Child:
 
   def _copy(self) -> None:
     for line in self.process.stdout:
+      if self._log.closed:  # finish() gave up waiting (a grandchild holds the pipe open)
+        return
       self._log.write(line)
       self._log.flush()
       text = line.rstrip()
