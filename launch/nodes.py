@@ -16,6 +16,7 @@ compat.import_jax_probability()  # before anything imports TensorFlow
 
 import concurrent.futures
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -33,7 +34,7 @@ from jrl.actors.evaluator import Evaluator
 from jrl.actors.inference import BatchedInference, InferenceClient
 from jrl.actors.variables import VariableClient
 from jrl.errors import Stopped
-from jrl.experiment import plots
+from jrl.experiment import plots, report
 from jrl.experiment.bookkeeping import EvalHistory
 from jrl.experiment.builder import (build_agent_parts, example_item, items_per_fetch, make_adder, make_block_writer,
                                     success_threshold)
@@ -54,6 +55,10 @@ LOG_SECONDS = 1.0
 STATS_TIMEOUT_SECONDS = 10.0
 # A call to a service that has answered before counts as lost after this long without a reply.
 REPLY_PATIENCE_SECONDS = 2.0
+# Where nodes write their phase times for the run report (launch/distributed.py reads them),
+# and how often.
+TIMES_DIR = os.path.join("logs", "times")
+TIMES_EVERY_SECONDS = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +198,56 @@ def exit_soon_after_stop(grace_seconds: float = 5.0) -> None:
   threading.Thread(target=watchdog, name="exit-after-stop", daemon=True).start()
 
 
+def times_folder(run_dir: str, session_number: int) -> str:
+  return os.path.join(run_dir, TIMES_DIR, f"session{session_number}")
+
+
+class TimesFile:
+  """One node's phase times (`PhaseTimer`s, as `NodeTimes` dicts) and counts for the run
+  report, written to `logs/times/session<n>/<name>.<incarnation>.json` every
+  TIMES_EVERY_SECONDS (`maybe_write`) and when the node ends (`write`): a node killed
+  without warning still leaves its last few seconds' books."""
+
+  def __init__(self, session: Session, name: str, collect: Callable[[], Dict[str, Any]]):
+    self._path = os.path.join(times_folder(session.run_dir, session.number),
+                              f"{name.replace('/', '-')}.{incarnation()}.json")
+    self._collect = collect
+    self._last = time.monotonic()
+
+  def maybe_write(self) -> None:
+    if time.monotonic() - self._last >= TIMES_EVERY_SECONDS:
+      self.write()
+
+  def write(self) -> None:
+    self._last = time.monotonic()
+    os.makedirs(os.path.dirname(self._path), exist_ok=True)
+    tmp = f"{self._path}.tmp"
+    with open(tmp, "w") as f:
+      json.dump(self._collect(), f)
+    os.replace(tmp, self._path)
+
+  def write_every(self, stop: threading.Event) -> None:
+    """Writes periodically from a thread of its own until `stop`."""
+    def loop():
+      while not stop.wait(TIMES_EVERY_SECONDS):
+        self.write()
+    threading.Thread(target=loop, name="times-file", daemon=True).start()
+
+
+class TimedItemWriter(reverb_replay.ReverbItemWriter):
+  """The replay writer with its waits for insert confirmations (where Reverb's rate limiter
+  holds inserts) timed as `rate_limit_wait`, apart from the rest of the insert."""
+
+  timer = report.NULL_TIMER
+
+  def _flush(self, max_in_flight: int) -> None:
+    self.timer.enter(report.RATE_LIMIT_WAIT)
+    try:
+      super()._flush(max_in_flight)
+    finally:
+      self.timer.exit()
+
+
 class ServiceCall:
   """Calls one method of a courier service, waiting out its outages.
 
@@ -277,6 +332,8 @@ class LearnerNode:
     self._ready = threading.Event()
     self._served = (-1, None)
     self._checkpoint_lock = threading.Lock()
+    self._publish_lock = threading.Lock()
+    self._publish = [0.0, 0]  # seconds and copies spent handing out new parameters (RPC threads)
 
   def version(self) -> int:
     self._ready.wait()
@@ -286,8 +343,12 @@ class LearnerNode:
     self._ready.wait()
     version = self._learner.version
     if self._served[0] != version:
+      start = time.perf_counter()
       params, version = self._learner.get_variables()
       self._served = (version, jax.device_get(params))
+      with self._publish_lock:
+        self._publish[0] += time.perf_counter() - start
+        self._publish[1] += 1
     return self._served[1], self._served[0]
 
   def checkpoint(self) -> str:
@@ -321,11 +382,14 @@ class LearnerNode:
     mesh = sharding.make_mesh(exp.learner_devices)
     sharding.check_batch_size(cfg.batch_size, mesh)
     spec = parts.replay_spec
+    # One timer per thread: the learner's own (sample wait, update, checkpoints) and its batch prefetch.
+    self._timer, prefetch_timer = report.PhaseTimer(), report.PhaseTimer()
     batches = reverb_batches(self._replay.server_address, parts, cfg, dataclasses.replace(exp, process_id=self._process),
-                             cfg.batch_size // processes, mesh, stop=lp.stop_event())
+                             cfg.batch_size // processes, mesh, stop=lp.stop_event(), timer=prefetch_timer)
     updater = reverb_replay.ReverbPriorityUpdater(self._replay) if spec.prioritized else None
     self._fns = parts.agent.make_learner(parts.networks, cfg)
-    self._learner = Learner(self._fns, seeding.node_key(exp.seed, "learner"), batches, updater, mesh=mesh)
+    self._learner = Learner(self._fns, seeding.node_key(exp.seed, "learner"), batches, updater, mesh=mesh,
+                            timer=self._timer)
     log(f"learner process {self._process}/{processes} on {host_name()}: initial params_digest "
         f"{params_digest(self._learner.get_variables()[0])}")
     self._checkpointer = Checkpointer(self._session.run_dir, exp.keep_checkpoints)
@@ -338,10 +402,30 @@ class LearnerNode:
     self._ready.set()
     role = "learner" if processes == 1 else f"learner{self._process}"
     logger = metrics_logger(self._session, role, step_key="learner_steps")
+    name = f"learner/{self._process}"
+
+    def books() -> Dict[str, Any]:
+      times = [self._timer.node(name, "learner"), prefetch_timer.node(f"{name} prefetch", "sampler", helper=True)]
+      if self._process == 0:  # parameters handed to actors, servers and the evaluator, in RPC threads
+        with self._publish_lock:
+          seconds, copies = self._publish
+        wall = times[0].wall
+        times.append(report.NodeTimes(f"{name} publish", "publisher", {report.PARAM_FETCH: seconds,
+                                                                        report.IDLE: max(wall - seconds, 0.0)},
+                                      wall, {report.PARAM_FETCH: copies}, helper=True))
+      return {"nodes": [t.as_dict() for t in times], "updates": self._learner.steps, "calls": self._learner.version}
+
+    self._times = TimesFile(self._session, name, books)
+    self._timer.start()
+    report.watch_compiles(self._timer)
     try:
       self._learn(logger)
     except Stopped:
       pass
+    finally:
+      report.unwatch_compiles()
+      self._timer.stop()
+      self._times.write()
     log(f"[learner] params_digest at version {self._learner.version}: "
         f"{params_digest(self._learner.get_variables()[0])}")
 
@@ -373,8 +457,10 @@ class LearnerNode:
                       "actor_steps": counts.get("actor_steps", 0.0), **metrics,
                       "updates_per_second": (steps - last_steps) / (now - last_time), "host": host_name()})
         last_time, last_steps = now, steps
+        self._times.maybe_write()
       if lead and schedule.due(int(counts.get("actor_steps", 0))):
-        self.checkpoint()
+        with self._timer.phase(report.CHECKPOINT):
+          self.checkpoint()
         schedule.done(int(counts.get("actor_steps", 0)))
 
 
@@ -393,27 +479,40 @@ class ActorNode:
     parts = build_agent_parts(exp.agent, exp.env, cfg)
     seed, key = node_seeds(exp.seed, "actor", self._id, self._session.number)
     env = envs.make_vector_env(exp.env, exp.num_envs, seed)
+    timer = report.PhaseTimer()
     if self._inference is None:
       variables = VariableClient(AsyncRemoteVariables(self._learner), exp.variable_update_period)
-      policy = LocalPolicy(parts.agent.make_policy(parts.networks, cfg), variables, key, num_envs=exp.num_envs)
+      policy = LocalPolicy(parts.agent.make_policy(parts.networks, cfg), variables, key, num_envs=exp.num_envs,
+                           timer=timer)
       if continues(self._session):
         policy.restore(continued_exploration(policy.state(), self._steps_per_actor()))
     else:
       server_id = self._id % exp.num_inference_servers
       infer = ServiceCall(self._inference, "infer", f"inference server inference/{server_id} "
                           f"({self._inference.address})", exp.service_deadline_seconds, lp.stop_event())
-      policy = InferenceClient(infer, self._id // exp.num_inference_servers)
-    writer = reverb_replay.ReverbItemWriter(self._replay, stop=lp.stop_event(),
-                                            deadline_s=exp.service_deadline_seconds, log=log)
+      policy = InferenceClient(infer, self._id // exp.num_inference_servers, timer=timer)
+    writer = TimedItemWriter(self._replay, stop=lp.stop_event(), deadline_s=exp.service_deadline_seconds, log=log)
+    writer.timer = timer
     blocks = make_block_writer(parts.replay_spec, writer)
-    actor = Actor(env, policy, make_adder(parts.replay_spec, exp.num_envs, cfg), sink=blocks.add)
+    actor = Actor(env, policy, make_adder(parts.replay_spec, exp.num_envs, cfg), sink=blocks.add, timer=timer)
     logger = metrics_logger(self._session, f"actor{self._id}")
     log(f"actor {self._id} acting on {host_name()} (session {self._session.number}, incarnation {incarnation()}, "
         f"env seed {seed})")
+    name = f"actor/{self._id}"
+    self._lags: Dict[str, int] = {}  # policy lag (learner calls) -> times seen
+    self._times = TimesFile(self._session, name, lambda: {"nodes": [timer.node(name, "actor").as_dict()],
+                                                          "env_steps": actor.env_steps, "policy_lag": dict(self._lags)})
+    timer.start()
+    report.watch_compiles(timer)
     try:
       self._act(actor, policy, writer, logger)
     except Stopped:
       pass
+    finally:
+      report.unwatch_compiles()
+      timer.stop()
+      self._times.write()
+    lp.wait_for_stop()
 
   def _steps_per_actor(self) -> float:
     counts = wait_unless_stopped(self._counter.futures.get_counts())
@@ -433,6 +532,8 @@ class ActorNode:
                                                                      episodes=len(returns)))
         lag = wait_unless_stopped(self._learner.futures.version()) - policy.version
         self._counter.futures.increment(policy_lag_sum=lag, policy_lag_count=1)
+        self._lags[str(lag)] = self._lags.get(str(lag), 0) + 1
+        self._times.maybe_write()
         logger.write({"actor_steps": actor.env_steps, "total_actor_steps": counts["actor_steps"],
                       "episode_return": float(np.mean(returns)) if returns else float("nan"),
                       "steps_per_second": (actor.env_steps - last_steps) / (now - last_time),
@@ -441,7 +542,6 @@ class ActorNode:
         last_time, last_steps, returns = now, actor.env_steps, []
         if counts["actor_steps"] >= exp.steps:
           break
-    lp.wait_for_stop()
 
 
 class InferenceNode:
@@ -465,7 +565,9 @@ class InferenceNode:
     exit_soon_after_stop()
     exp, cfg = self._exp, self._cfg
     parts = build_agent_parts(exp.agent, exp.env, cfg)
-    variables = VariableClient(AsyncRemoteVariables(self._learner), 1)
+    # Refreshed every `variable_update_period` batches, like an actor's every so many steps: each
+    # refresh is an RPC to the learner, and a device copy when the version changed.
+    variables = VariableClient(AsyncRemoteVariables(self._learner), exp.variable_update_period)
     _, key = node_seeds(exp.seed, "inference", self._id, self._session.number)
     self._core = BatchedInference(parts.agent.make_policy(parts.networks, cfg), variables, key, self._num_actors,
                                   exp.num_envs, parts.env_spec.observation_shape, exp.inference_timeout_ms)
@@ -474,7 +576,17 @@ class InferenceNode:
       self._core.restore(continued_exploration(self._core.state(), counts.get("actor_steps", 0.0) / exp.num_actors))
     self._ready.set()
     log(f"inference server {self._id} serving (incarnation {incarnation()})")
-    self._core.serve(lp.stop_event())
+    name, core = f"inference/{self._id}", self._core
+    times = TimesFile(self._session, name, lambda: {
+        "nodes": [core.timer.node(name, "inference").as_dict()],
+        "batch_sizes": {str(k): v for k, v in sorted(core.batch_size_counts.items())}})
+    times.write_every(lp.stop_event())
+    report.watch_compiles(core.timer)
+    try:
+      core.serve(lp.stop_event())
+    finally:
+      report.unwatch_compiles()
+      times.write()
 
 
 class EvaluatorNode:
@@ -499,18 +611,37 @@ class EvaluatorNode:
                           exp.eval_episodes, seed=seed, first_index=history.count)
     logger = metrics_logger(self._session, "evaluator")
     progress = Progress(f"{exp.agent} {exp.env} s{exp.seed} distributed/{exp.inference}", exp.progress_seconds)
+    # Not a stage of the pipeline (actors do not wait on it): a helper in the run report.
+    self._timer = timer = report.PhaseTimer()
+    times = TimesFile(self._session, "evaluator/0",
+                      lambda: {"nodes": [timer.node("evaluator/0", "evaluator", helper=True).as_dict()]})
+    timer.start()
+    report.watch_compiles(timer)
     try:
-      self._evaluate(exp, evaluator, seed, history, logger, progress)
+      self._evaluate(exp, evaluator, seed, history, logger, progress, times)
     except Stopped:
       pass
+    finally:
+      report.unwatch_compiles()
+      timer.stop()
+      times.write()
 
-  def _evaluate(self, exp, evaluator, seed, history: EvalHistory, logger, progress):
+  def _pause(self) -> bool:
+    """Waits a moment (idle); whether the program is stopping."""
+    self._timer.enter(report.IDLE)
+    try:
+      return lp.stop_event().wait(0.2)
+    finally:
+      self._timer.exit()
+
+  def _evaluate(self, exp, evaluator, seed, history: EvalHistory, logger, progress, times: TimesFile):
     run_dir = self._session.run_dir
     counts = wait_unless_stopped(self._counter.futures.get_counts())
     next_eval = (counts.get("actor_steps", 0.0) // exp.eval_every + 1) * exp.eval_every
     last_time = time.monotonic()
     params, last_eval = None, {}
-    while not lp.stop_event().wait(0.2):
+    while not self._pause():
+      times.maybe_write()
       now = time.monotonic()
       counts = wait_unless_stopped(self._counter.futures.increment(wall_seconds=now - last_time))
       last_time = now
@@ -520,7 +651,9 @@ class EvaluatorNode:
         next_eval = (actor_steps // exp.eval_every + 1) * exp.eval_every
         params, version = wait_unless_stopped(self._learner.futures.get_variables())
         index = evaluator.next_index
-        row = history.record(actor_steps, evaluator.run(params))
+        with self._timer.phase(report.EVAL):
+          returns = evaluator.run(params)
+        row = history.record(actor_steps, returns)
         self._counter.futures.set_eval_history(history.state())
         last_eval = {"actor_steps": actor_steps, "learner_steps": counts.get("learner_steps", 0.0),
                      "eval_return": row["eval_return"], "eval_index": index, "eval_seed": seed,
@@ -541,7 +674,8 @@ class EvaluatorNode:
       return  # stopped from outside before the budget
     if params is None:  # resumed at the budget: evaluate once
       params, version = wait_unless_stopped(self._learner.futures.get_variables())
-    final_checkpoint = wait_unless_stopped(self._learner.futures.checkpoint())
+    with self._timer.phase(report.CHECKPOINT):
+      final_checkpoint = wait_unless_stopped(self._learner.futures.checkpoint())
     save_policy(run_dir, "final", params, last_eval)
     server_stats = self._server_stats()
     replay_info = self._replay.server_info()[reverb_replay.TABLE] if self._replay is not None else None

@@ -52,6 +52,25 @@ def test_program_runs_end_to_end_and_exits_cleanly(tmp_path):
   assert os.path.exists(run_dir / "plots" / "learning_curve.png")
   assert os.path.exists(run_dir / "logs" / "learner" / "0")
   assert "steps " in out.stdout  # progress lines reach the launcher's terminal
+  # The run report: every node's phases, adding up to its wall time; a named bottleneck.
+  text = open(run_dir / "report.md").read()
+  assert summary["bottleneck"] in ("env", "policy", "inference", "replay", "learner", "params", "other")
+  assert f"**bottleneck: {summary['bottleneck']}**" in text and summary["bottleneck_advice"] in text
+  assert f"report: {summary['bottleneck_advice']}" in out.stdout
+  phases, walls = summary["phase_seconds"], summary["phase_wall_seconds"]
+  assert {"learner/0", "learner/0 prefetch", "learner/0 publish", "actor/0", "actor/1", "inference/0",
+          "evaluator/0"} <= set(phases), sorted(phases)
+  for node, seconds in phases.items():
+    assert abs(sum(seconds.values()) - walls[node]) <= 0.05 * walls[node], (node, seconds, walls[node])
+  for actor in ("actor/0", "actor/1"):
+    assert phases[actor]["env"] > 0 and phases[actor]["inference_wait"] > 0 and phases[actor]["insert"] > 0
+  assert phases["inference/0"]["policy"] > 0 and phases["learner/0"]["update"] > 0
+  assert summary["env_steps_per_second"] > 0 and summary["updates_per_second"] > 0
+  assert summary["samples_per_insert"] > 0
+  # Every answered request is in the batch-size histogram: at least one per actor step counted.
+  answered = sum(int(k) * v for k, v in summary["inference_batch_sizes"].items())
+  assert answered >= 3000 / 4
+  assert "## inference batch sizes" in text and "## policy lag" in text
   # The learner node starts from the parameters the embedded runner starts from, for the same seed.
   from jrl.agents import dqn
   from jrl.experiment.config import ExperimentConfig

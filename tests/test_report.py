@@ -115,7 +115,7 @@ def test_verdict_of_a_distributed_run_finds_the_stage_that_does_not_wait():
   assert report.verdict(actor_bound).bottleneck == "env"
   server_bound = [_node("actor/0", "actor", 10, env=1, inference_wait=9),
                   _node("inference/0", "inference", 10, policy=9.5, idle=0.5)]
-  assert report.verdict(server_bound).bottleneck == "policy"
+  assert report.verdict(server_bound).bottleneck == "inference"  # the server's own policy work
 
 
 def test_report_text_and_summary_fields():
@@ -200,3 +200,75 @@ def test_a_slow_learner_makes_the_report_name_the_learner(tmp_path):
   assert sum(prefetch.values()) == pytest.approx(summary["phase_wall_seconds"]["prefetch"], rel=0.05)
   # One update per env step once replay holds min_size transitions, as samples_per_insert asks.
   assert summary["samples_per_insert"] == pytest.approx(32.0, rel=0.15)
+
+
+def test_distributed_verdict_steady_state_leaves_compilation_out():
+  """A server that compiled for most of a short run is not the busiest stage once compilation is left out."""
+  nodes = [_node("actor/0", "actor", 10, env=6, insert=1, inference_wait=3),
+           _node("inference/0", "inference", 10, compile=6, policy=1, idle=3)]
+  result = report.verdict(nodes)
+  assert (result.bottleneck, result.node) == ("env", "actor/0"), result
+
+
+def test_distributed_verdict_names_round_trips_when_everyone_waits():
+  """Shaped like a real 2-actor server run on a loaded machine: actors wait 70% on the server,
+  which is itself idle most of the time; the learner waits for batches."""
+  nodes = [_node("learner/0", "learner", 12.3, sample_wait=7.1, update=2.6, compile=2.5, other=0.1),
+           _node("learner/0 prefetch", "sampler", 14.3, helper=True, sample=10.5, place=0.8, queue_wait=3.0),
+           _node("actor/0", "actor", 12.9, env=0.13, policy=0.1, inference_wait=9.0, insert=0.32,
+                 rate_limit_wait=3.24, other=0.07),
+           _node("actor/1", "actor", 12.2, env=0.11, policy=0.08, inference_wait=8.46, insert=0.38,
+                 rate_limit_wait=3.07, other=0.07),
+           _node("inference/0", "inference", 11.8, policy=0.7, param_fetch=0.45, compile=2.6, collect=1.5,
+                 reply=0.06, idle=6.5),
+           _node("evaluator/0", "evaluator", 15.2, helper=True, eval=0.33, idle=12.3, other=1.7)]
+  result = report.verdict(nodes)
+  assert (result.bottleneck, result.node, result.phase) == ("inference", "actor", "inference_wait"), result
+  assert result.share == pytest.approx(17.46 / 25.1, abs=1e-3)
+  assert "round trips" in result.advice and "inference/0 itself waits" in result.advice
+  # A busy server (its own work, not waiting) is named the inference bottleneck instead.
+  busy_server = [_node("actor/0", "actor", 10, env=1, inference_wait=9),
+                 _node("inference/0", "inference", 10, policy=6, reply=3, collect=1)]
+  result = report.verdict(busy_server)
+  assert (result.bottleneck, result.node, result.phase) == ("inference", "inference/0", "policy")
+  assert "actor/0 waits on the inference server 90%" in result.advice and "round trips" not in result.advice
+
+
+def test_verdict_says_when_the_nodes_saturate_the_machine():
+  nodes = [_node(f"actor/{i}", "actor", 10, env=7, insert=2, rate_limit_wait=1) for i in range(3)]
+  nodes.append(_node("learner/0", "learner", 10, update=9, sample_wait=1))
+  assert report.busy_cores(nodes) == pytest.approx((3 * 9 + 9) / 10)
+  assert "saturated" in report.verdict(nodes, cores=2).advice
+  assert "saturated" not in report.verdict(nodes, cores=8).advice
+  assert "saturated" not in report.verdict(nodes).advice
+
+
+def test_distributed_report_inputs_merge_incarnations_and_rates():
+  """What run_distributed makes of the nodes' books: a restarted actor's two incarnations are one
+  node; env-steps/s per actor over its own wall time; histograms summed over nodes."""
+  from launch.distributed import report_inputs
+  from jrl.replay.spec import ReplaySpec
+
+  def book(node, **counts):
+    return {"nodes": [node.as_dict()], **counts}
+
+  books = [book(_node("actor/0", "actor", 10, env=8, insert=2), env_steps=1000, policy_lag={"0": 2, "3": 1}),
+           book(_node("actor/0", "actor", 5, env=4, insert=1), env_steps=1000, policy_lag={"3": 1}),
+           book(_node("actor/1", "actor", 10, env=9, insert=1), env_steps=3000),
+           book(_node("learner/0", "learner", 20, update=15, sample_wait=5), updates=400, calls=100),
+           book(_node("inference/0", "inference", 20, policy=5, idle=15), batch_sizes={"1": 2, "2": 6})]
+  spec = ReplaySpec(block_size=1, max_size=1000, min_size=100, samples_per_insert=4.0)
+  summary = {"replay_items_inserted": 1100, "replay_items_sampled": 4000, "actor_steps": 5000, "wall_seconds": 25.0}
+  nodes, rates, extras = report_inputs(books, summary, spec)
+  assert [n.name for n in nodes] == ["learner/0", "actor/0", "actor/1", "inference/0"]
+  actor0 = nodes[1]
+  assert actor0.wall == 15 and actor0.phases == {"env": 12, "insert": 3}
+  assert rates["env_steps_per_second"] == pytest.approx(2000 / 15 + 3000 / 10)
+  assert rates["updates_per_second"] == 20 and rates["learner_calls_per_second"] == 5
+  assert rates["samples_per_insert"] == pytest.approx(4000 / (1100 - 100))
+  assert rates["run_env_steps_per_second"] == 200
+  assert rates["inference_batch_mean"] == pytest.approx(14 / 8) and rates["policy_lag_mean"] == pytest.approx(6 / 4)
+  assert list(extras)[:2] == ["inference batch sizes (requests per batch: batches)",
+                              "policy lag (learner calls between the parameters an actor acts with and the "
+                              "learner's, once a second per actor: samples)"]
+  assert extras["inference batch sizes (requests per batch: batches)"] == {1: 2, 2: 6}

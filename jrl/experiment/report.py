@@ -21,20 +21,25 @@ Reporting. `build_report(nodes, rates)` takes one `NodeTimes` per node or thread
 returns the verdict (`bottleneck`, `advice`) and the `report.md` text. The rule: a
 node's *waiting* phases (sample_wait, rate_limit_wait, inference_wait, queue_wait, idle)
 are time it was held up by another node. Nodes of one role are summed into a stage; the
-stage that waits least (highest busy share) bounds the run, and its largest phase names
-the bottleneck: a busy phase names itself (env, policy, replay, learner, ...), a waiting
-one names what it waits for (sample_wait: replay, rate_limit_wait: learner,
-inference_wait: inference). The embedded runner's main thread is one serial stage, so
-its largest phase decides; helper threads (its batch prefetch) are not stages, they
-explain the waits on them. The advice adds who waits on the bottleneck and what to change.
+stage that waits least (highest busy share, compilation left out) bounds the run, and its
+largest phase names the bottleneck: a busy phase names itself (env, policy, replay,
+learner, ...), a waiting one names what it waits for (sample_wait: replay,
+rate_limit_wait: learner, inference_wait: inference). When even that stage mostly waits,
+the largest wait of one stage on another (actors on the server or on the rate limiter)
+names it, and if the stage waited on is itself mostly idle, the time goes in round trips.
+The embedded runner's main thread is one serial stage, so its largest phase decides;
+helper threads (its batch prefetch) are not stages, they explain the waits on them. The
+advice adds who waits on the bottleneck and what to change; given the machine's cores,
+it says when the nodes keep them all busy.
 
-A distributed run feeds it the same way: each node times its thread with a `PhaseTimer`
-(the shells take one: `Actor(timer=)`, `LocalPolicy(timer=)`, `Learner(timer=)`,
-`PrefetchIterator(timer=)`), and when it stops sends `timer.node(name, role).as_dict()`
-(or writes it next to its logs); the launcher rebuilds them with `NodeTimes.from_dict`
-and calls `write_report(run_dir, nodes, rates, title, extras)` with one `NodeTimes` per
-node (several actors share a role: the verdict sums them into one stage), then merges
-the returned fields into summary.json. Extras such as the inference batch-size
+A distributed run feeds it the same way: each node times its threads with `PhaseTimer`s
+(the shells take one: `Actor(timer=)`, `LocalPolicy(timer=)`, `InferenceClient(timer=)`,
+`Learner(timer=)`, `PrefetchIterator(timer=)`, `BatchedInference.timer`) and writes
+`timer.node(name, role).as_dict()` to the run directory (launch/nodes.py `TimesFile`);
+the launcher rebuilds them with `NodeTimes.from_dict` and calls `write_report(run_dir,
+nodes, rates, title, extras, cores=)` with one `NodeTimes` per node (several actors share
+a role: the verdict sums them into one stage), then merges the returned fields into
+summary.json. Extras such as the inference batch-size
 histogram (a {size: count} mapping becomes a table) or the policy lag go through `extras`.
 """
 
@@ -102,6 +107,12 @@ CHANGE = {
     "checkpoint": "raise --checkpoint_every_seconds / --checkpoint_every_steps",
     "other": "raise --log_every and --progress_seconds",
 }
+
+
+# A stage's waits on another stage of a distributed pipeline, and the role it waits on.
+WAITS_ON = {INFERENCE_WAIT: "inference", RATE_LIMIT_WAIT: "learner"}
+ROUND_TRIPS = ("the time goes in round trips between nodes (RPC, wake-ups, a busy machine's scheduling): "
+               "make each carry more (--num_envs)")
 
 
 class PhaseTimer:
@@ -309,6 +320,12 @@ class NodeTimes:
   def busy_share(self) -> float:
     return 1.0 - self.waiting / self.wall if self.wall > 0 else 0.0
 
+  @property
+  def steady_busy_share(self) -> float:
+    """The busy share with compilation (paid once, at the start) left out of the wall time."""
+    wall = self.wall - self.phases.get(COMPILE, 0.0)
+    return 1.0 - self.waiting / wall if wall > 0 else 0.0
+
   def as_dict(self) -> Dict[str, Any]:
     """Plain JSON-able form (to send from a node, or to write next to its logs)."""
     return dataclasses.asdict(self)
@@ -349,20 +366,47 @@ def _largest(phases: Mapping[str, float]) -> str:
   return max(phases, key=phases.get) if phases else OTHER
 
 
-def verdict(nodes: Sequence[NodeTimes]) -> Verdict:
-  """The stage that bounds the run and what bounds it (see the module docstring)."""
+def busy_cores(nodes: Sequence[NodeTimes]) -> float:
+  """Cores' worth of work the nodes did: their busy (not waiting) seconds, helpers and
+  compilation included, per second of the longest node's wall time. Above the machine's
+  cores, nodes were also busy waiting for a core (wall time counts a descheduled thread)."""
+  wall = max((n.wall for n in nodes), default=0.0)
+  return sum(n.accounted - n.waiting for n in nodes) / wall if wall > 0 else 0.0
+
+
+def verdict(nodes: Sequence[NodeTimes], cores: Optional[int] = None) -> Verdict:
+  """The stage that bounds the run and what bounds it (see the module docstring).
+
+  Nodes of one role are one stage; the stage busiest in its steady state (compilation left
+  out) bounds the run. An inference server's own work (decoding, the policy, replies) names
+  `inference`. With `cores` (the machine's), a run whose nodes keep about all of them busy
+  says so: then no placement adds throughput on this machine.
+  """
   groups = [g for g in _sum_by_role(nodes) if g.wall > 0]
   stages = [g for g in groups if not g.helper] or groups
   if not stages:
     return Verdict("other", "-", OTHER, 0.0, "no time was recorded")
-  bound = max(stages, key=lambda s: s.busy_share)
+  bound = max(stages, key=lambda s: s.steady_busy_share)
   # Compilation is paid once: the verdict is about the run's steady state, compile is a note.
   phase = _largest({k: v for k, v in bound.phases.items() if k != COMPILE})
   share = bound.phases.get(phase, 0.0) / bound.wall
+  if phase in WAITING:
+    # No stage is mostly busy: the largest wait of one stage on another names the bottleneck.
+    waits = [(g, k, v / g.wall) for g in stages for k, v in g.phases.items() if k in WAITS_ON]
+    if waits and max(w for _, _, w in waits) > share:
+      bound, phase, share = max(waits, key=lambda t: t[2])
   name = BOTTLENECK_OF.get(phase, phase)
+  if bound.role == "inference" and phase not in WAITING and name in ("policy", "params", "other"):
+    name = "inference"
   advice = f"{name}-bound: {share:.0%} of {bound.name} time {DOING.get(phase, 'in ' + phase)}"
   # What the stage it waits for does, or who waits on it.
-  if phase in WAITING:
+  waited_on = [g for g in groups if g.role == WAITS_ON.get(phase)]
+  round_trips = bool(waited_on) and waited_on[0].steady_busy_share < 0.5
+  if round_trips:
+    g = waited_on[0]
+    advice += f"; yet {g.name} itself waits {1 - g.steady_busy_share:.0%} of its time: {ROUND_TRIPS}"
+    advice += ", or run the policy in the actors (--inference actor)" if name == "inference" else ""
+  elif phase in WAITING:
     served = [g for g in groups if g is not bound and BOTTLENECK_OF.get(_largest(g.phases)) == name]
     if served:
       g = served[0]
@@ -374,10 +418,15 @@ def verdict(nodes: Sequence[NodeTimes]) -> Verdict:
     if waiting:
       g, k, w = max(waiting, key=lambda t: t[2])
       advice += f"; {g.name} {DOING[k]} {w:.0%} of its time"
-  advice += f"; {CHANGE[name]}" if name in CHANGE else ""
+  advice += f"; {CHANGE[name]}" if name in CHANGE and not round_trips else ""
   compiled = bound.phases.get(COMPILE, 0.0) / bound.wall
   if compiled >= 0.1:
     advice += f" (JIT compilation took another {compiled:.0%}, once; a longer run amortises it)"
+  if cores:
+    used = busy_cores(nodes)
+    if used >= 0.9 * cores:
+      advice += (f"; the nodes kept {used:.1f} cores busy on a {cores}-core machine: it is saturated, so more "
+                 "actors or servers will not add throughput here")
   return Verdict(name, bound.name, phase, share, advice)
 
 
@@ -431,18 +480,19 @@ def summary_fields(nodes: Sequence[NodeTimes], rates: Mapping[str, Any], result:
 
 
 def build_report(nodes: Sequence[NodeTimes], rates: Mapping[str, Any], title: str = "Run report",
-                 extras: Optional[Mapping[str, Any]] = None):
+                 extras: Optional[Mapping[str, Any]] = None, cores: Optional[int] = None):
   """(verdict, report.md text, summary.json fields) in one call."""
-  result = verdict(nodes)
+  result = verdict(nodes, cores)
   return result, report_markdown(nodes, rates, result, title, extras), summary_fields(nodes, rates, result)
 
 
 def write_report(run_dir: str, nodes: Sequence[NodeTimes], rates: Mapping[str, Any], title: str = "Run report",
-                 extras: Optional[Mapping[str, Any]] = None, file_name: str = "report.md"):
+                 extras: Optional[Mapping[str, Any]] = None, file_name: str = "report.md",
+                 cores: Optional[int] = None):
   """Writes RUN_DIR/report.md (atomically); returns (verdict, summary.json fields)."""
   import os
   from jrl.experiment.files import write_bytes_atomic
-  result, text, fields = build_report(nodes, rates, title, extras)
+  result, text, fields = build_report(nodes, rates, title, extras, cores)
   write_bytes_atomic(os.path.join(run_dir, file_name), text.encode())
   return result, fields
 
@@ -452,9 +502,10 @@ def phases_add_up(node: NodeTimes, tolerance: float = 0.05) -> bool:
   return node.wall > 0 and abs(node.accounted - node.wall) <= tolerance * node.wall
 
 
-def merge(nodes: Iterable[NodeTimes], name: str, role: str) -> NodeTimes:
-  """One node from several (e.g. the sessions of a resumed run): phases and walls summed."""
-  out = NodeTimes(name, role, {}, 0.0, {})
+def merge(nodes: Iterable[NodeTimes], name: str, role: str, helper: bool = False) -> NodeTimes:
+  """One node from several (e.g. the sessions of a resumed run, the incarnations of a
+  restarted node): phases and walls summed."""
+  out = NodeTimes(name, role, {}, 0.0, {}, helper)
   for node in nodes:
     out.wall += node.wall
     for k, v in node.phases.items():
