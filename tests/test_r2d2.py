@@ -101,7 +101,7 @@ def test_burn_in_steps_get_no_gradient(burn_in):
 
   def loss_of(obs, start):
     b = batch._replace(transitions=batch.transitions._replace(observation=obs, start_state=start))
-    return r2d2.r2d2_loss(networks, cfg, params, target, b)[0]
+    return r2d2.r2d2_loss(networks, params, target, b, cfg)[0]
 
   d_obs, d_start = jax.jit(jax.grad(loss_of, argnums=(0, 1)))(batch.transitions.observation, batch.transitions.start_state)
   per_step = np.abs(np.asarray(d_obs)).sum(axis=(0, 2))  # [T]

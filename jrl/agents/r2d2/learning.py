@@ -4,7 +4,7 @@ sequence priorities, a periodic target network.
 Kapturowski et al., 2019, "Recurrent Experience Replay in Distributed Reinforcement Learning".
 """
 
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -50,8 +50,8 @@ def n_step_targets(reward: Array, discount: Array, end_of_episode: Array, v_next
                                           stop_target_gradients=True)
 
 
-def r2d2_loss(networks: Networks, cfg: Config, params: Params, target_params: Params,
-              batch: LearnerBatch) -> tuple:
+def r2d2_loss(networks: Networks, params: Params, target_params: Params, batch: LearnerBatch,
+              cfg: Config) -> Tuple[Array, LossOutput]:
   """The default loss: (scalar, LossOutput) for a batch of RecurrentSequence [B, T, ...].
 
   Both networks start from the stored core state and run over the first `burn_in` steps
@@ -88,7 +88,7 @@ def r2d2_loss(networks: Networks, cfg: Config, params: Params, target_params: Pa
   return loss, LossOutput(td, priorities, jnp.mean(q_taken))
 
 
-LossFn = Callable[[Networks, Config, Params, Params, LearnerBatch], tuple]
+LossFn = Callable[[Networks, Params, Params, LearnerBatch, Config], Tuple[Array, LossOutput]]
 
 
 def make_optimizer(cfg: Config) -> optax.GradientTransformation:
@@ -106,7 +106,7 @@ def make_learner(networks: Networks, cfg: Config, loss: Optional[LossFn] = None,
     return TrainingState(params, params, optimizer.init(params), jnp.zeros((), jnp.int32))
 
   def update(state: TrainingState, batch: LearnerBatch):
-    grad_fn = jax.value_and_grad(lambda p: loss(networks, cfg, p, state.target_params, batch), has_aux=True)
+    grad_fn = jax.value_and_grad(lambda p: loss(networks, p, state.target_params, batch, cfg), has_aux=True)
     (value, out), grads = grad_fn(state.params)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
