@@ -40,13 +40,13 @@ _NAMES: Dict[str, str] = {
     "envs": "jrl.envs", "make_vector_env": "jrl.envs", "env_spec": "jrl.envs", "final_observations": "jrl.envs",
     "EpisodeTracker": "jrl.envs", "EnvSpec": "jrl.specs",
     # Policies of finished runs, errors.
-    "load_policy": "jrl.policies", "ConfigError": "jrl.errors",
+    "policies": "jrl.policies", "load_policy": "jrl.policies", "ConfigError": "jrl.errors",
 }
 
 __all__: List[str] = sorted(_NAMES) + ["__version__"]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` imports on demand
-  from jrl import agents, envs, networks, replay, types  # noqa: F401
+  from jrl import agents, envs, networks, policies, replay, types  # noqa: F401
   from jrl.actors.evaluator import Evaluator  # noqa: F401
   from jrl.agents import AGENTS, dqn, get_agent, impala, ppo, sac  # noqa: F401
   from jrl.envs import EpisodeTracker, env_spec, final_observations, make_vector_env  # noqa: F401

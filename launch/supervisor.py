@@ -142,6 +142,10 @@ class Supervisor(worker_manager.WorkerManager):
         log.flush()
       node.log_start = log.tell()
       env = {**os.environ, **node.env, INCARNATION_ENV: str(node.incarnation), RUN_DIR_ENV: self._run_dir}
+      # Launchpad's entry script puts only its own folder first on sys.path: the working
+      # directory goes first, so that nodes import what `python -m launch.train` could
+      # (a custom agent `--agent pkg.module`, an env factory `--env pkg.module:function`).
+      env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env.get("PYTHONPATH")) if p)
       process = subprocess.Popen(node.command, env=env, stdout=log, stderr=log)
     self._nodes[process.pid] = node
     self._active_workers[node.name].append(process)

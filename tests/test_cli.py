@@ -18,6 +18,19 @@ BAD_INPUTS = {
     "discrete actions for sac": (["--agent", "sac", "--env", "CartPole-v1"], "agent: sac needs a Box action space"),
     "continuous actions for ppo": (["--agent", "ppo", "--env", "Pendulum-v1"], "agent: ppo supports Discrete action spaces only"),
     "continuous actions for impala": (["--agent", "impala", "--env", "Pendulum-v1"], "agent: impala supports Discrete action spaces only"),
+    # Custom agent modules and env factories (examples/): the factory or module is named.
+    "env factory raises": (["--env", "examples.envs:broken_factory"],
+                           "env: the env factory 'examples.envs:broken_factory' raised RuntimeError: "
+                           "this factory always fails"),
+    "env factory returns a non-env": (["--env", "examples.envs:not_an_env"],
+                                      "env: the env factory 'examples.envs:not_an_env' returned str, "
+                                      "not a gymnasium.Env"),
+    "env factory missing": (["--env", "examples.envs:nothing_here"],
+                            "env: 'examples.envs:nothing_here': module 'examples.envs' has no function 'nothing_here'"),
+    "agent module of no agent": (["--agent", "examples.envs"],
+                                 "agent: module 'examples.envs' lacks Config, make_networks, make_learner, "
+                                 "make_policy, make_replay_spec"),
+    "agent module missing": (["--agent", "examples.no_agent"], "agent: cannot import agent module 'examples.no_agent'"),
     "zero steps": (["--steps", "0"], "steps: must be > 0, got 0"),
     "negative steps": (["--steps", "-5"], "steps: must be > 0, got -5"),
     "zero batch size": (["--batch_size", "0"], "batch_size: must be > 0, got 0"),
@@ -64,6 +77,20 @@ def test_bad_input_gives_one_line_and_status_2(tmp_path):
     assert lines[0].startswith("python -m launch.train: error: "), (name, lines)
     assert expected in lines[0], (name, lines)
   assert not (tmp_path / "never").exists()  # nothing was written for a refused run
+
+
+def test_an_agent_module_missing_one_piece_is_named(tmp_path):
+  package = tmp_path / "mine"
+  package.mkdir()
+  (package / "__init__.py").write_text("")
+  (package / "agent.py").write_text("from examples.my_agent import Config, make_networks, make_learner, make_policy\n")
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT])}
+  out = subprocess.run([sys.executable, "-m", "launch.train", "--agent", "mine.agent", "--run_dir",
+                        str(tmp_path / "never")], cwd=ROOT, env=env, text=True, capture_output=True, timeout=120)
+  assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+      "python -m launch.train: error: agent: module 'mine.agent' lacks make_replay_spec "
+      "(an agent module provides Config, make_networks, make_learner, make_policy, make_replay_spec)"]
+  assert not (tmp_path / "never").exists()
 
 
 def test_help_lists_every_config_field():
