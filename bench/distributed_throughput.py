@@ -1,16 +1,20 @@
-"""Total actor env-steps/s of the Launchpad program by number of actors and inference placement.
+"""Acting throughput of the Launchpad program: inference in the actors vs on a central server.
 
-Runs one real local_mp program per (actors, placement), with a learner that
-samples little (samples_per_insert 1) so that acting, not learning, is measured.
-Steady-state rate: per actor, the median steps/s of the second half of its
-metric rows; summed over actors.
+For each number of actors, one real local_mp program per placement (`--inference actor`:
+each actor runs the jitted policy; `server`: actors send observations to one batched
+inference server). Acting is measured without the learner's rate limit: min_replay_size
+is above the step budget, so the learner never samples and Reverb never holds an insert
+(the learner node still runs and serves parameters). Steady-state rate: per actor, the
+median steps/s of the second half of its metric rows, summed over actors. The server's
+mean batch (requests per batch) and each run's report verdict are printed too.
 
-  .venv/bin/python bench/distributed_throughput.py [--actors 1,2,4,8] [--steps 40000]
+  .venv/bin/python bench/distributed_throughput.py [--actors 8] [--steps 40000] [--num_envs 8]
 """
 
 import argparse
 import csv
 import glob
+import json
 import os
 import statistics
 import subprocess
@@ -23,38 +27,68 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def steady_rate(run_dir: str) -> float:
   total = 0.0
   for path in glob.glob(os.path.join(run_dir, "metrics", "actor*.csv")):
-    rates = [float(row["steps_per_second"]) for row in csv.DictReader(open(path))]
+    with open(path) as f:
+      rates = [float(row["steps_per_second"]) for row in csv.DictReader(f)]
     late = rates[len(rates) // 2:] or rates
     total += statistics.median(late) if late else 0.0
   return total
 
 
+def run(n: int, placement: str, args) -> dict:
+  run_dir = tempfile.mkdtemp(prefix=f"bench-{placement}{n}-")
+  budget = args.steps
+  cmd = [sys.executable, "-m", "launch.train", "--distributed", "--num_actors", str(n), "--inference", placement,
+         "--steps", str(budget), "--num_envs", str(args.num_envs),
+         # No learning, so no rate limit: replay never reaches the size the learner needs to sample.
+         "--min_replay_size", str(10 * budget), "--max_replay_size", str(20 * budget),
+         "--eval_every", str(10 * budget), "--eval_episodes", "1", "--progress_seconds", "0",
+         "--checkpoint_every_seconds", "0", "--run_dir", os.path.join(run_dir, "run")]
+  if args.timeout_ms:
+    cmd += ["--inference_timeout_ms", str(args.timeout_ms)]
+  out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+  if out.returncode:
+    sys.exit(f"{placement} x{n} failed:\n{out.stderr[-3000:]}")
+  with open(os.path.join(run_dir, "run", "summary.json")) as f:
+    summary = json.load(f)
+  return {"rate": steady_rate(os.path.join(run_dir, "run")), "batch_mean": summary.get("inference_batch_mean"),
+          "run_rate": summary.get("run_env_steps_per_second") or float("nan"),
+          "batch_sizes": summary.get("inference_batch_sizes", {}),
+          "bottleneck": summary.get("bottleneck_advice", "-"), "busy_cores": summary.get("busy_cores")}
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--actors", default="1,2,4,8")
+  parser.add_argument("--actors", default="8")
   parser.add_argument("--placements", default="actor,server")
   parser.add_argument("--steps", type=int, default=40_000)
   parser.add_argument("--num_envs", type=int, default=8)
+  parser.add_argument("--timeout_ms", type=float, default=0.0, help="--inference_timeout_ms (0: the default)")
   args = parser.parse_args()
-  rows = []
+  try:
+    load = os.getloadavg()[0]
+  except OSError:
+    load = float("nan")
+  print(f"{os.cpu_count()} CPU cores, load {load:.1f}; {args.num_envs} envs per actor, {args.steps} env steps per run; "
+        "acting without the learner's rate limit (min_replay_size above the budget: no sampling, no held inserts)",
+        flush=True)
+  results = {}
   for n in (int(x) for x in args.actors.split(",")):
     for placement in args.placements.split(","):
-      run_dir = tempfile.mkdtemp(prefix=f"bench-{placement}{n}-")
-      cmd = [sys.executable, "-m", "launch.train", "--distributed", "--num_actors", str(n), "--inference", placement,
-             "--steps", str(args.steps), "--num_envs", str(args.num_envs), "--samples_per_insert", "1",
-             "--eval_every", str(10 * args.steps), "--eval_episodes", "2", "--progress_seconds", "0",
-             "--run_dir", run_dir]
-      out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-      if out.returncode:
-        sys.exit(f"{placement} x{n} failed:\n{out.stderr[-2000:]}")
-      rows.append((n, placement, steady_rate(run_dir)))
-      print(f"actors {n} placement {placement:6s} {rows[-1][2]:9,.0f} env-steps/s", flush=True)
-  print(f"\n{os.cpu_count()} CPU cores, {args.num_envs} envs per actor")
-  print(f"{'actors':>6} {'actor (local policy)':>20} {'server (central)':>17} {'server/actor':>12}")
-  for n in sorted({r[0] for r in rows}):
-    by = {p: r for m, p, r in rows if m == n}
-    ratio = by["server"] / by["actor"] if by.get("actor") else float("nan")
-    print(f"{n:>6} {by.get('actor', float('nan')):>20,.0f} {by.get('server', float('nan')):>17,.0f} {ratio:>12.2f}")
+      results[n, placement] = r = run(n, placement, args)
+      batch = (f", server batch mean {r['batch_mean']:.2f} of {n} (sizes: batches {r['batch_sizes']})"
+               if r["batch_mean"] else "")
+      print(f"actors {n} placement {placement:6s} {r['rate']:9,.0f} env-steps/s steady, {r['run_rate']:,.0f} over the "
+            f"whole run (start-up and compilation included){batch}; busy cores "
+            f"{r['busy_cores'] or float('nan'):.1f}; report: {r['bottleneck']}", flush=True)
+  print(f"\nsteady state (whole run in brackets)\n{'actors':>6} {'actor (local policy)':>20} {'server (central)':>17} "
+        f"{'server/actor':>12} {'batch mean':>10}")
+  for n in sorted({k[0] for k in results}):
+    actor, server = results.get((n, "actor")), results.get((n, "server"))
+    ratio = server["rate"] / actor["rate"] if actor and server and actor["rate"] else float("nan")
+    batch = server["batch_mean"] if server and server["batch_mean"] else float("nan")
+    whole = server["run_rate"] / actor["run_rate"] if actor and server and actor["run_rate"] else float("nan")
+    print(f"{n:>6} {actor['rate'] if actor else float('nan'):>20,.0f} "
+          f"{server['rate'] if server else float('nan'):>17,.0f} {ratio:>6.2f} ({whole:.2f}) {batch:>10.2f}")
 
 
 if __name__ == "__main__":
