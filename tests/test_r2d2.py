@@ -254,3 +254,20 @@ def test_r2d2_runs_distributed_with_the_state_on_the_inference_server(tmp_path):
   assert summary["inference"] == "server" and summary["actor_steps"] >= 4000
   assert summary["replay_items_inserted"] > 0 and summary["replay_items_sampled"] > 0
   assert summary["learner_steps"] > 0
+
+
+def test_a_resumed_seeded_run_ends_with_the_same_bytes(tmp_path):
+  """The checkpoint holds the open sequences, the policy's core states and the is_first flags."""
+  base = ["--agent", "r2d2", "--env", "jrl/MaskedCartPole-v1", "--seed", "0", "--deterministic", "--eval_every",
+          "2000", "--eval_episodes", "2", "--progress_seconds", "0", "--min_replay_size", "100"]
+  train = lambda *args: subprocess.run([sys.executable, "-m", "launch.train", *args], cwd=ROOT, text=True,
+                                       capture_output=True, timeout=600)
+  for args in ([*base, "--steps", "4000", "--run_dir", str(tmp_path / "full")],
+               [*base, "--steps", "2000", "--run_dir", str(tmp_path / "half")],
+               ["--resume", str(tmp_path / "half"), "--steps", "4000"]):
+    out = train(*args)
+    assert out.returncode == 0, out.stderr[-3000:]
+  import json
+  full, half = (json.load(open(tmp_path / name / "summary.json")) for name in ("full", "half"))
+  assert half["resumed"] and half["actor_steps"] == full["actor_steps"] == 4000
+  assert half["params_digest"] == full["params_digest"]
