@@ -13,7 +13,7 @@ class VariableSource(Protocol):
 class VariableClient:
   """Pulls parameters from a source every `update_period` calls to `maybe_update`.
 
-  `params` live on `device` (default: JAX's default device) and are replaced only when the
+  `params` live on `device` (default: this process's first device) and are replaced only when the
   source reports a new version: a jitted policy then reads them in place, with no host to
   device copy per call (sources over RPC hand out numpy). Arrays already on that device
   are not copied.
@@ -23,7 +23,7 @@ class VariableClient:
     self._source = source
     self._period = max(1, update_period)
     self._calls = 0
-    self._device = device if device is not None else jax.devices()[0]
+    self._device = device if device is not None else jax.local_devices()[0]  # this process's, in a multi-process run
     self.version = -1
     self.params: Any = None
     self.copies = 0  # parameter sets placed on the device (one per new version)
