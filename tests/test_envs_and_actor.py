@@ -90,7 +90,7 @@ def test_variable_client_keeps_params_on_device_and_copies_only_new_versions():
   source = NumpySource()
   client = VariableClient(source, update_period=2)
   first = client.params["w"]
-  assert isinstance(first, jax.Array) and first.devices() == {jax.devices()[0]}
+  assert isinstance(first, jax.Array) and first.devices() == {jax.local_devices()[0]}
   np.testing.assert_array_equal(np.asarray(first), source.params["w"])
   for _ in range(6):  # same version: the device copy stays, no new one is made
     client.maybe_update()
