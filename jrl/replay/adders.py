@@ -14,14 +14,24 @@ from jrl.types import Trajectory, Transition
 
 
 def _concat(parts: List[Any]) -> Any:
+  if type(parts[0]) is Transition:  # the hot path: flat fields, no tree walk
+    return Transition(*[np.concatenate(column) for column in zip(*parts)])
   return jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *parts)
 
 
+def _map(fn, tree: Any) -> Any:
+  if type(tree) is Transition:  # the hot path: flat fields, no tree walk
+    return Transition(*[fn(x) for x in tree])
+  return jax.tree_util.tree_map(fn, tree)
+
+
 def _rows(tree: Any, index) -> Any:
-  return jax.tree_util.tree_map(lambda x: x[index], tree)
+  return _map(lambda x: x[index], tree)
 
 
 def _num_rows(tree: Any) -> int:
+  if type(tree) is Transition:
+    return len(tree.reward)
   return len(jax.tree_util.tree_leaves(tree)[0])
 
 
@@ -38,7 +48,9 @@ class NStepTransitionAdder:
   observation: discount 0 on termination (no bootstrap), gamma^k on truncation
   (bootstrap from the final observation).
 
-  The common case (no episode ended) is vectorised over envs; ends are rare.
+  The common case (no episode ended) is vectorised over envs; ends are rare. This is
+  the actor's hot path (every env step): the steady state, where every env has a full
+  window and none ended, takes no masks and no concatenation.
   """
 
   def __init__(self, num_envs: int, n_step: int, discount: float):
@@ -52,6 +64,8 @@ class NStepTransitionAdder:
     self._act: Optional[np.ndarray] = None      # [n, E, *act]
     self._rew = np.zeros((n_step, num_envs), np.float32)
     self._powers = self._gamma ** np.arange(n_step, dtype=np.float64)
+    self._powers_column = self._powers[:, None]
+    self._all_full = False  # every env's window holds n steps
 
   def add(self, obs, action, reward, terminated, truncated, next_obs, extras=None) -> Transition:
     """Adds one vector step; returns the transitions completed by it (`extras` are not kept)."""
@@ -59,23 +73,46 @@ class NStepTransitionAdder:
     if self._obs is None:
       self._obs = np.zeros((self._n,) + obs.shape, obs.dtype)
       self._act = np.zeros((self._n,) + action.shape, action.dtype)
+    n = self._n
     for hist, new in ((self._obs, obs), (self._act, action), (self._rew, reward)):
-      hist[:-1] = hist[1:]
+      if n > 1:
+        hist[:-1] = hist[1:]
       hist[-1] = new
-    self._count = np.minimum(self._count + 1, self._n)
+    if not self._all_full:
+      np.minimum(self._count + 1, n, out=self._count)
+      self._all_full = bool(self._count.min() == n)
     done = np.logical_or(terminated, truncated)
+    any_done = done.any()
+    next_obs = np.asarray(next_obs)
+
+    if self._all_full and not any_done:  # the steady state
+      return Transition(self._obs[0].copy(), self._act[0].copy(), self._returns(),
+                        np.full(self._num_envs, self._gamma ** n, np.float32), next_obs.copy())
 
     parts = []
-    full = (self._count == self._n) & ~done
+    full = self._count == n
+    if any_done:
+      full &= ~done
     if full.any():
-      returns = (self._powers[:, None] * self._rew).sum(0).astype(np.float32)
-      parts.append(Transition(self._obs[0, full], self._act[0, full], returns[full],
-                              np.full(int(full.sum()), self._gamma ** self._n, np.float32),
-                              np.asarray(next_obs)[full]))
-    for env in np.flatnonzero(done):
-      parts.append(self._flush(env, bool(terminated[env]), np.asarray(next_obs)[env]))
-      self._count[env] = 0
+      parts.append(Transition(self._obs[0, full], self._act[0, full], self._returns()[full],
+                              np.full(int(full.sum()), self._gamma ** n, np.float32), next_obs[full]))
+    if any_done:
+      for env in np.flatnonzero(done):
+        parts.append(self._flush(env, bool(terminated[env]), next_obs[env]))
+        self._count[env] = 0
+      self._all_full = False
+    if len(parts) == 1:
+      return parts[0]
     return _concat(parts) if parts else _empty_like(obs, action)
+
+  def __setstate__(self, state):  # also adders pickled (in checkpoints) before the fast paths
+    self.__dict__.update(state)
+    self._powers_column = self._powers[:, None]
+    self._all_full = bool(self._count.min() == self._n)
+
+  def _returns(self) -> np.ndarray:
+    """[E] discounted sums of every env's window (float64 sums, as float32)."""
+    return (self._powers_column * self._rew).sum(0).astype(np.float32)
 
   def _flush(self, env: int, terminated: bool, final_obs: np.ndarray) -> Transition:
     count = int(self._count[env])
@@ -86,7 +123,8 @@ class NStepTransitionAdder:
       horizon = self._n - s
       returns.append((self._powers[:horizon] * rewards[s:]).sum())
       discounts.append(0.0 if terminated else self._gamma ** horizon)
-    return Transition(self._obs[self._n - count:, env], self._act[self._n - count:, env],
+    # Copies: the history is shifted in place by the next step.
+    return Transition(self._obs[self._n - count:, env].copy(), self._act[self._n - count:, env].copy(),
                       np.asarray(returns, np.float32), np.asarray(discounts, np.float32),
                       np.repeat(final_obs[None], count, axis=0))
 
@@ -144,12 +182,14 @@ class BlockWriter:
     self._num_staged += n
     if self._num_staged < self._block_size:
       return
-    staged = _concat(self._staged)
+    staged = self._staged[0] if len(self._staged) == 1 else _concat(self._staged)
     num_blocks = self._num_staged // self._block_size
-    for b in range(num_blocks):
-      index = b if self._squeeze else slice(b * self._block_size, (b + 1) * self._block_size)
-      block = jax.tree_util.tree_map(lambda x: np.ascontiguousarray(x[index]), staged)
-      self._writer.insert(block, self._priority)
+    if num_blocks == 1 and self._num_staged == self._block_size and not self._squeeze:
+      self._writer.insert(_map(np.ascontiguousarray, staged), self._priority)  # exactly one block: as it is
+    else:
+      for b in range(num_blocks):
+        index = b if self._squeeze else slice(b * self._block_size, (b + 1) * self._block_size)
+        self._writer.insert(_map(lambda x: np.ascontiguousarray(x[index]), staged), self._priority)
     used = num_blocks * self._block_size
     self.transitions_written += used
     rest = _rows(staged, slice(used, None))
