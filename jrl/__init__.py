@@ -23,7 +23,7 @@ _NAMES: Dict[str, str] = {
     # Agents: each a module of Config, Networks, TrainingState, make_networks, make_learner (with
     # its default `loss`), make_policy, make_replay_spec.
     "agents": "jrl.agents", "dqn": "jrl.agents.dqn", "ppo": "jrl.agents.ppo", "impala": "jrl.agents.impala",
-    "sac": "jrl.agents.sac", "get_agent": "jrl.agents", "AGENTS": "jrl.agents",
+    "sac": "jrl.agents.sac", "r2d2": "jrl.agents.r2d2", "get_agent": "jrl.agents", "AGENTS": "jrl.agents",
     # Types and conventions.
     "types": "jrl.types", "Transition": "jrl.types", "Trajectory": "jrl.types", "LearnerBatch": "jrl.types",
     "LearnerFns": "jrl.types", "PolicyFns": "jrl.types", "ActorState": "jrl.types", "Params": "jrl.types",
@@ -48,7 +48,7 @@ __all__: List[str] = sorted(_NAMES) + ["__version__"]
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` imports on demand
   from jrl import agents, envs, networks, policies, replay, types  # noqa: F401
   from jrl.actors.evaluator import Evaluator  # noqa: F401
-  from jrl.agents import AGENTS, dqn, get_agent, impala, ppo, sac  # noqa: F401
+  from jrl.agents import AGENTS, dqn, get_agent, impala, ppo, r2d2, sac  # noqa: F401
   from jrl.envs import EpisodeTracker, env_spec, final_observations, make_vector_env  # noqa: F401
   from jrl.errors import ConfigError  # noqa: F401
   from jrl.learners.learner import Learner, make_multi_update, params_digest  # noqa: F401

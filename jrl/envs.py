@@ -35,7 +35,8 @@ def load_env_factory(ref: str) -> EnvFactory:
   try:
     module = importlib.import_module(module_name)
   except Exception as e:  # noqa: BLE001 - any import failure is the user's env reference
-    raise ConfigError("env", f"cannot import '{module_name}' for the env factory '{ref}': {type(e).__name__}: {e}") from e
+    raise ConfigError("env", f"cannot import '{module_name}' for the env factory '{ref}': "
+                             f"{type(e).__name__}: {e}") from e
   factory = getattr(module, attr, None)
   if not callable(factory):
     raise ConfigError("env", f"'{ref}': module '{module_name}' has no function '{attr}'")

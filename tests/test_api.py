@@ -15,7 +15,7 @@ import pytest
 
 import jrl
 from examples.envs import masked_cartpole
-from jrl import dqn, impala, ppo, sac
+from jrl import dqn, impala, ppo, r2d2, sac
 from jrl.envs import make_vector_env
 from jrl.errors import ConfigError
 from jrl.learners.learner import make_multi_update, params_digest
@@ -42,7 +42,7 @@ def test_import_jrl_is_light_and_every_public_name_resolves():
   assert os.path.exists(os.path.join(ROOT, "jrl", "py.typed"))
 
 
-@pytest.mark.parametrize("agent", [dqn, ppo, impala, sac])
+@pytest.mark.parametrize("agent", [dqn, ppo, impala, sac, r2d2])
 def test_agent_modules_export_the_pieces(agent):
   for piece in PIECES:
     assert hasattr(agent, piece) and piece in agent.__all__, piece
@@ -88,9 +88,10 @@ def _uniform_behaviour(num_actions):
 
 AGENT_CASES = {
     "dqn": (dqn, dqn.Config(batch_size=32, min_replay_size=64, block_size=4), "CartPole-v1", 20),
-    "sac": (sac, sac.Config(batch_size=32, min_replay_size=64, hidden_sizes=(32, 32)), "Pendulum-v1", 20),
-    "ppo": (ppo, ppo.Config(batch_size=4, sequence_length=16, num_minibatches=4, num_epochs=2), "CartPole-v1", 32),
-    "impala": (impala, impala.Config(batch_size=4, sequence_length=16), "CartPole-v1", 32),
+    "sac": (sac, sac.Config(batch_size=32, min_replay_size=64, hidden_sizes=(16, 16)), "Pendulum-v1", 20),
+    "ppo": (ppo, ppo.Config(batch_size=4, sequence_length=16, num_minibatches=2, num_epochs=1, hidden_sizes=(16,)),
+            "CartPole-v1", 32),
+    "impala": (impala, impala.Config(batch_size=4, sequence_length=16, hidden_sizes=(16,)), "CartPole-v1", 32),
 }
 
 
@@ -110,7 +111,7 @@ def _train(learner, batches):
 
 @pytest.mark.parametrize("name", sorted(AGENT_CASES))
 def test_default_loss_passed_explicitly_gives_the_same_bytes(name):
-  updates = 2 if name in ("ppo", "impala") else 5
+  updates = 1 if name in ("ppo", "impala") else 3
   agent, cfg, env_id, batches = _batches(name, updates)
   env = make_vector_env(env_id, 1, 0)
   networks = agent.make_networks(jrl.env_spec(env), cfg)
@@ -120,9 +121,10 @@ def test_default_loss_passed_explicitly_gives_the_same_bytes(name):
   init_digest = params_digest(agent.make_learner(networks, cfg).params(
       jax.jit(agent.make_learner(networks, cfg).init)(jax.random.PRNGKey(1))))
   assert default != init_digest  # the updates did change the parameters
-  # An optimiser that never moves: the parameters stay at their initial bytes.
-  frozen, _ = _train(agent.make_learner(networks, cfg, optimizer=optax.sgd(0.0)), batches)
-  assert frozen == init_digest
+  if name == "dqn":  # (a compile less for the others: ~10 s each on a loaded 2-core box)
+    # An optimiser that never moves: the parameters stay at their initial bytes.
+    frozen, _ = _train(agent.make_learner(networks, cfg, optimizer=optax.sgd(0.0)), batches)
+    assert frozen == init_digest
 
 
 def test_make_networks_takes_a_flax_module_or_an_init_apply_pair():

@@ -23,8 +23,8 @@ DISTRIBUTED_ONLY = frozenset({
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
   """Settings shared by every agent; the agent's own live in its Config."""
-  agent: str = "dqn"                 # agent name (see jrl.agents.AGENTS)
-  env: str = "CartPole-v1"           # gymnasium environment id
+  agent: str = "dqn"                 # agent name (jrl.agents.AGENTS), or a module pkg.module with the five pieces
+  env: str = "CartPole-v1"           # gymnasium environment id, or pkg.module:function returning a gymnasium env
   seed: int = 0                      # seeds envs, networks, policies and replay sampling
   steps: int = 50_000                # env-step budget of the actors
   run_dir: str = ""                  # results folder; empty means runs/<agent>-<env>-s<seed>-<time>

@@ -59,7 +59,8 @@ class Networks(NamedTuple):
     return 2.0 * (action - self.action_low) / (self.action_high - self.action_low) - 1.0
 
 
-def make_networks(spec: EnvSpec, cfg: Config, module: Optional[Any] = None, critic: Optional[Any] = None) -> Networks:
+def make_networks(spec: EnvSpec, cfg: Config, module: Optional[Any] = None,
+                  critic: Optional[Any] = None) -> Networks:
   """The policy `module` (obs [B, *obs_shape] -> (mean [B, A], log_std [B, A]), before tanh) and
   the twin `critic` ((obs [B, ...], action [B, A] in [-1, 1]) -> q [2, B]): each a flax module
   or an (init, apply) pair; None: MLPs of `cfg.hidden_sizes`."""
