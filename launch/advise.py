@@ -82,7 +82,7 @@ class Costs:
 class Workload:
   """What the agent asks of replay and the learner."""
   batch_size: int
-  samples_per_insert: float        # transitions sampled per transition inserted (off-policy)
+  samples_per_insert: float        # rows sampled per env step (off-policy: transitions, or R2D2's sequences)
   sequence_length: int = 0         # on-policy: one learner call per batch_size sequences of this length
 
   def calls_per_step(self, updates_per_call: int) -> float:
@@ -366,7 +366,9 @@ def measure(agent_name: str, env_id: str, cfg, seconds: float = 0.5, env_sizes: 
         f"{1e3 * learner_cpu[u]:.2f}; bare update {1e3 * bare_cost:.2f}) | sample alone {1e3 * sample_cost[u]:.2f} ms")
   server.stop()
   cores = float(len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else float(os.cpu_count() or 1)
-  work = Workload(cfg.batch_size, 1.0 if spec.sequences else float(spec.samples_per_insert), spec.sequence_length)
+  rows_per_step = 1.0 / spec.replay_sequence_period if spec.replayed_sequences else 1.0  # R2D2: a sequence per period
+  work = Workload(cfg.batch_size, 1.0 if spec.sequences else float(spec.samples_per_insert) * rows_per_step,
+                  spec.sequence_length)
   return Costs(env_cost, policy_cost, insert_cost, learner_cost, sample_cost, cores, actor_cpu=actor_cpu,
                learner_cpu=learner_cpu), work
 

@@ -103,7 +103,8 @@ def test_burn_in_steps_get_no_gradient(burn_in):
     b = batch._replace(transitions=batch.transitions._replace(observation=obs, start_state=start))
     return r2d2.r2d2_loss(networks, params, target, b, cfg)[0]
 
-  d_obs, d_start = jax.jit(jax.grad(loss_of, argnums=(0, 1)))(batch.transitions.observation, batch.transitions.start_state)
+  grad = jax.jit(jax.grad(loss_of, argnums=(0, 1)))
+  d_obs, d_start = grad(batch.transitions.observation, batch.transitions.start_state)
   per_step = np.abs(np.asarray(d_obs)).sum(axis=(0, 2))  # [T]
   assert np.all(per_step[4:] > 0)  # trained steps get gradients
   np.testing.assert_array_equal(d_start, 0.0)  # the stored state is data
