@@ -6,7 +6,7 @@ jitted `select_action` in this process (IMPALA-style); a remote policy such as
 """
 
 import pickle
-from typing import Any, Callable, Dict, Optional, Protocol
+from typing import Any, Callable, Dict, Optional, Protocol, Tuple
 
 import gymnasium as gym
 import jax
@@ -23,7 +23,8 @@ class BatchedPolicy(Protocol):
   extras: Dict[str, np.ndarray]  # what the policy reported with the last actions ([E, ...] each)
 
   def __call__(self, obs: np.ndarray, is_first: np.ndarray) -> np.ndarray:
-    """Actions [E, ...] for observations [E, ...]; `is_first` [E] bool marks episode starts."""
+    """Actions [E, ...] for observations [E, ...]; `is_first` [E] bool marks episode starts.
+    The actions may be a JAX array still being computed (`np.asarray` waits for it)."""
 
 
 class LocalPolicy:
@@ -53,7 +54,7 @@ class LocalPolicy:
     self.version = self._variables.version
     action, extras, self._state = self._select_action(self._variables.params, obs, is_first, self._state)
     self.extras = extras
-    return np.asarray(action)
+    return action  # dispatched asynchronously: the caller may work while it is computed
 
   def state(self) -> Any:
     return jax.device_get(self._state)
@@ -68,10 +69,15 @@ class Actor:
   `sink` receives the transitions each step completes (an adder chain into
   replay); None for actors that only collect episode statistics. `timer` (a
   `jrl.experiment.report.PhaseTimer`) splits each step into policy, env and insert time.
+
+  `dispatch_ahead`: once the env has stepped, ask the policy for the next actions before
+  the adder and the replay insert run, so that a policy computing asynchronously (JAX
+  dispatch) overlaps them. The actions are then chosen with the parameters of that moment,
+  one learner call older in the embedded loop; off for `--deterministic` runs.
   """
 
   def __init__(self, env: gym.vector.VectorEnv, policy: BatchedPolicy, adder=None,
-               sink: Optional[Callable[[Transition], None]] = None, timer=None):
+               sink: Optional[Callable[[Transition], None]] = None, timer=None, dispatch_ahead: bool = False):
     self.timer = timer if timer is not None else NULL_TIMER
     self._env = env
     self.policy = policy
@@ -84,30 +90,41 @@ class Actor:
     self._env_action_dtype = env.single_action_space.dtype
     self.num_envs = env.num_envs
     self.env_steps = 0
+    self.dispatch_ahead = dispatch_ahead
+    self._ahead: Optional[Tuple[Any, Dict[str, Any]]] = None  # (actions, extras) already asked for self._obs
+
+  def _act(self) -> Tuple[Any, Dict[str, Any]]:
+    action = self.policy(self._obs, self._is_first)
+    return action, self.policy.extras
 
   def step(self) -> EpisodeStats:
     """One vector step: num_envs env steps."""
     timer = self.timer
     timer.enter(POLICY)
     try:
-      action = self.policy(self._obs, self._is_first)
+      ahead, self._ahead = self._ahead, None
+      action, extras = ahead if ahead is not None else self._act()
+      action = np.asarray(action)  # waits for a policy still computing
       timer.switch(ENV)
       # gymnasium's space checks are faster on its own dtype; replay keeps the policy's.
       next_obs, reward, terminated, truncated, info = self._env.step(
           action.astype(self._env_action_dtype, copy=False))
       next_obs = np.asarray(next_obs, np.float32)
       done = np.logical_or(terminated, truncated)
+      obs, self._obs = self._obs, next_obs
+      self._is_first = done  # autoreset: next_obs starts a new episode where one ended
+      if self.dispatch_ahead:
+        timer.switch(POLICY)
+        self._ahead = self._act()
       if self._adder is not None:
         timer.switch(INSERT)
         bootstrap_obs = final_observations(next_obs, done, info)
-        transitions = self._adder.add(self._obs, action, np.asarray(reward, np.float32), terminated, truncated,
-                                      bootstrap_obs, self.policy.extras)
+        transitions = self._adder.add(obs, action, np.asarray(reward, np.float32), terminated, truncated,
+                                      bootstrap_obs, extras)
         if self._sink is not None:
           self._sink(transitions)
     finally:
       timer.exit()
-    self._obs = next_obs
-    self._is_first = done  # autoreset: next_obs starts a new episode where one ended
     self.env_steps += self.num_envs
     return self._tracker.update(reward, done)
 
@@ -123,7 +140,8 @@ class Actor:
     policy_state = self.policy.state() if hasattr(self.policy, "state") else None
     return {"obs": self._obs, "is_first": self._is_first, "env_steps": self.env_steps,
             "tracker": self._tracker.state(),
-            "adder": pickle.dumps(self._adder), "envs": env_bytes, "policy": policy_state}
+            "adder": pickle.dumps(self._adder), "envs": env_bytes, "policy": policy_state,
+            "ahead": jax.device_get(self._ahead)}  # actions asked for ahead: the policy state is past them
 
   def restore(self, state: Dict[str, Any], reset_seed: int) -> bool:
     """Continues from `state()`; returns False when the envs could not be restored and
@@ -137,8 +155,10 @@ class Actor:
       self._is_first = state.get("is_first", np.zeros(self.num_envs, bool))
       self._tracker.restore(state["tracker"])
       self._adder = pickle.loads(state["adder"])
+      self._ahead = state.get("ahead")
       return True
     obs, _ = self._env.reset(seed=reset_seed)
     self._obs = np.asarray(obs, np.float32)
     self._is_first = np.ones(self.num_envs, bool)
+    self._ahead = None
     return False

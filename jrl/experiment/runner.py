@@ -268,7 +268,9 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   variables = VariableClient(learner)
   # The learner times its parameter copies itself (the policy's fetch is a cached read otherwise).
   local_policy = LocalPolicy(agent.make_policy(networks, agent_cfg), variables, actor_key, num_envs=exp.num_envs)
-  actor = Actor(env, local_policy, adder=adder, sink=block_writer.add, timer=timer)
+  # Seeded runs ask for actions after the learner's call (same bytes); Reverb runs overlap the policy with inserts.
+  actor = Actor(env, local_policy, adder=adder, sink=block_writer.add, timer=timer,
+                dispatch_ahead=not exp.deterministic)
   evaluator_seed = seeding.env_seed(exp.seed, "evaluator")
   evaluator = Evaluator(exp.env, agent.make_policy(networks, agent_cfg, evaluation=True),
                         exp.eval_episodes, seed=evaluator_seed)
