@@ -259,16 +259,15 @@ def test_r2d2_runs_distributed_with_the_state_on_the_inference_server(tmp_path):
 
 def test_a_resumed_seeded_run_ends_with_the_same_bytes(tmp_path):
   """The checkpoint holds the open sequences, the policy's core states and the is_first flags."""
-  base = ["--agent", "r2d2", "--env", "jrl/MaskedCartPole-v1", "--seed", "0", "--deterministic", "--eval_every",
-          "2000", "--eval_episodes", "2", "--progress_seconds", "0", "--min_replay_size", "100"]
-  train = lambda *args: subprocess.run([sys.executable, "-m", "launch.train", *args], cwd=ROOT, text=True,
-                                       capture_output=True, timeout=600)
-  for args in ([*base, "--steps", "4000", "--run_dir", str(tmp_path / "full")],
-               [*base, "--steps", "2000", "--run_dir", str(tmp_path / "half")],
-               ["--resume", str(tmp_path / "half"), "--steps", "4000"]):
-    out = train(*args)
-    assert out.returncode == 0, out.stderr[-3000:]
-  import json
-  full, half = (json.load(open(tmp_path / name / "summary.json")) for name in ("full", "half"))
-  assert half["resumed"] and half["actor_steps"] == full["actor_steps"] == 4000
-  assert half["params_digest"] == full["params_digest"]
+  import dataclasses
+  from jrl.experiment.config import ExperimentConfig
+  from jrl.experiment.runner import run
+
+  cfg = r2d2.Config(min_replay_size=100)
+  exp = ExperimentConfig(agent="r2d2", env="jrl/MaskedCartPole-v1", seed=0, steps=4000, deterministic=True,
+                         eval_every=2000, eval_episodes=2, progress_seconds=0)
+  full = run(dataclasses.replace(exp, run_dir=str(tmp_path / "full")), cfg)
+  run(dataclasses.replace(exp, steps=2000, run_dir=str(tmp_path / "half")), cfg)
+  resumed = run(dataclasses.replace(exp, resume=str(tmp_path / "half")), cfg)
+  assert resumed["resumed"] and resumed["actor_steps"] == full["actor_steps"] == 4000
+  assert resumed["params_digest"] == full["params_digest"]
