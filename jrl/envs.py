@@ -12,7 +12,7 @@ from typing import Any, Callable, List, NamedTuple, Optional, Tuple, Union
 import gymnasium as gym
 import numpy as np
 
-from jrl import memory_envs
+from jrl import memory_envs, pixel_envs
 from jrl.errors import ConfigError
 from jrl.specs import EnvSpec, make_env_spec
 
@@ -69,6 +69,8 @@ def check_env_id(env_id: EnvLike) -> None:
     return
   if env_id.startswith("gymnax:"):
     raise ConfigError("env", f"'{env_id}' is a JAX-native (gymnax) env: run it with --backend device")
+  env_id, _ = pixel_envs.split_preset(env_id)  # ALE/..., MinAtar/..., ID@preset (jrl/pixel_envs.py)
+  pixel_envs.register(env_id)
   if env_id not in gym.registry:
     close = [k for k in gym.registry if k.lower().startswith(env_id.split("-")[0].lower())]
     hint = f" (did you mean {', '.join(sorted(close)[:3])}?)" if close else ""
@@ -83,10 +85,11 @@ def reward_threshold(env_id: EnvLike) -> Optional[float]:
     env.close()
     return threshold
   check_env_id(env_id)
-  return gym.spec(env_id).reward_threshold
+  return gym.spec(pixel_envs.split_preset(env_id)[0]).reward_threshold
 
 
-def make_vector_env(env_id: EnvLike, num_envs: int, seed: int, **make_kwargs: Any) -> gym.vector.VectorEnv:
+def make_vector_env(env_id: EnvLike, num_envs: int, seed: int, evaluation: bool = False,
+                    **make_kwargs: Any) -> gym.vector.VectorEnv:
   """A synchronous vector env that autoresets in the SAME step.
 
   gymnasium 1.x defaults to NEXT_STEP autoreset, where the step after an episode
@@ -97,10 +100,15 @@ def make_vector_env(env_id: EnvLike, num_envs: int, seed: int, **make_kwargs: An
   The env is reset with `seed` (env i gets seed + i). `make_kwargs` go to `gym.make_vec`
   (e.g. `render_mode="rgb_array"`, `wrappers=[...]` applied to each env). A factory (or
   `pkg.module:function`) makes each env: `make_kwargs` other than `wrappers` go to it.
+  Pixel ids (`ALE/...`, `MinAtar/...`, `ID@preset`) get their preset's preprocessing
+  (`jrl.pixel_envs`); `evaluation` makes them play whole games (no end at a lost life).
   """
   if callable(env_id) or is_factory_ref(env_id):
     return _factory_vector_env(env_id, num_envs, seed, **make_kwargs)
   check_env_id(env_id)
+  pixel = pixel_envs.factory(env_id, evaluation)
+  if pixel is not None:
+    return _factory_vector_env(pixel, num_envs, seed, **make_kwargs)
   env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
                      vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, **make_kwargs)
   env.reset(seed=seed)

@@ -135,6 +135,7 @@ class Policy:
     fns = parts.agent.make_policy(parts.networks, snapshot.agent_config, evaluation=evaluation)
     self.snapshot = snapshot
     self.observation_shape = tuple(parts.env_spec.observation_shape)
+    self._obs_dtype = parts.env_spec.observation_dtype
     self._params = jax.device_put(snapshot.params)
     self._select_action = jax.jit(fns.select_action)
     self._init = fns.init
@@ -146,7 +147,7 @@ class Policy:
     return self.snapshot.info
 
   def __call__(self, obs, is_first=None) -> np.ndarray:
-    obs = np.asarray(obs, np.float32)
+    obs = np.asarray(obs, self._obs_dtype)
     single = obs.shape == self.observation_shape
     if not single and obs.shape[1:] != self.observation_shape:
       raise ValueError(f"observations must be shaped {self.observation_shape} or [B, *{self.observation_shape}], "

@@ -25,12 +25,23 @@ class EnvSpec:
     return self.num_actions is not None
 
 
+# Observation dtypes kept as they are from env to network (frames, boolean grids); any other
+# is stored and sent as float32. Networks convert to float inside the jitted call.
+KEPT_OBSERVATION_DTYPES = (np.dtype(np.uint8), np.dtype(np.bool_))
+
+
+def observation_dtype(space: gym.Space) -> np.dtype:
+  """uint8 and bool observations stay so; everything else becomes float32."""
+  dtype = np.dtype(space.dtype)
+  return dtype if dtype in KEPT_OBSERVATION_DTYPES else np.dtype(np.float32)
+
+
 def make_env_spec(observation_space: gym.Space, action_space: gym.Space) -> EnvSpec:
   """Builds an EnvSpec from single-env spaces; only Box observations and
   Discrete or Box actions are supported."""
   if not isinstance(observation_space, gym.spaces.Box):
     raise ConfigError("env", f"observation space {observation_space} is not a Box")
-  obs_dtype = np.dtype(np.float32)
+  obs_dtype = observation_dtype(observation_space)
   if isinstance(action_space, gym.spaces.Discrete):
     if int(action_space.start) != 0:
       raise ConfigError("env", f"Discrete action space must start at 0, got {action_space}")

@@ -323,7 +323,7 @@ def measure(agent_name: str, env_id: str, cfg, seconds: float = 0.5, env_sizes: 
   for b in policy_sizes:
     if b in policy_cost:
       continue
-    obs = np.zeros((b,) + obs_shape, np.float32)
+    obs = np.zeros((b,) + obs_shape, parts.env_spec.observation_dtype)
     state, is_first = policy_fns.init(jax.random.PRNGKey(2), b), np.zeros(b, bool)
     policy_cost[b] = _per_call(lambda: np.asarray(select(params, obs, is_first, state)[0]), seconds / 2)[0]
     log(f"  policy x{b:<4} {1e3 * policy_cost[b]:8.3f} ms/call")

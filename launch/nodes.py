@@ -570,7 +570,8 @@ class InferenceNode:
     variables = VariableClient(AsyncRemoteVariables(self._learner), exp.variable_update_period)
     _, key = node_seeds(exp.seed, "inference", self._id, self._session.number)
     self._core = BatchedInference(parts.agent.make_policy(parts.networks, cfg), variables, key, self._num_actors,
-                                  exp.num_envs, parts.env_spec.observation_shape, exp.inference_timeout_ms)
+                                  exp.num_envs, parts.env_spec.observation_shape, exp.inference_timeout_ms,
+                                  obs_dtype=parts.env_spec.observation_dtype)
     if continues(self._session) and self._counter is not None:
       counts = wait_unless_stopped(self._counter.futures.get_counts())
       self._core.restore(continued_exploration(self._core.state(), counts.get("actor_steps", 0.0) / exp.num_actors))

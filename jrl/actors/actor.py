@@ -15,6 +15,7 @@ import numpy as np
 from jrl.actors.variables import VariableClient
 from jrl.envs import EpisodeStats, EpisodeTracker, final_observations
 from jrl.experiment.report import ENV, INSERT, NULL_TIMER, PARAM_FETCH, POLICY
+from jrl.specs import observation_dtype
 from jrl.types import PolicyFns, PRNGKey, Transition
 
 
@@ -83,8 +84,10 @@ class Actor:
     self.policy = policy
     self._adder = adder
     self._sink = sink
+    # uint8 frames and bool grids stay so (the network converts them); others become float32.
+    self._obs_dtype = observation_dtype(env.single_observation_space)
     obs, _ = env.reset()  # the env was seeded when it was made
-    self._obs = np.asarray(obs, np.float32)
+    self._obs = np.asarray(obs, self._obs_dtype)
     self._is_first = np.ones(env.num_envs, bool)  # episode starts: recurrent policies reset there
     self._tracker = EpisodeTracker(env.num_envs)
     self._env_action_dtype = env.single_action_space.dtype
@@ -109,7 +112,7 @@ class Actor:
       # gymnasium's space checks are faster on its own dtype; replay keeps the policy's.
       next_obs, reward, terminated, truncated, info = self._env.step(
           action.astype(self._env_action_dtype, copy=False))
-      next_obs = np.asarray(next_obs, np.float32)
+      next_obs = np.asarray(next_obs, self._obs_dtype)
       done = np.logical_or(terminated, truncated)
       obs, self._obs = self._obs, next_obs
       self._is_first = done  # autoreset: next_obs starts a new episode where one ended
@@ -158,7 +161,7 @@ class Actor:
       self._ahead = state.get("ahead")
       return True
     obs, _ = self._env.reset(seed=reset_seed)
-    self._obs = np.asarray(obs, np.float32)
+    self._obs = np.asarray(obs, self._obs_dtype)
     self._is_first = np.ones(self.num_envs, bool)
     self._ahead = None
     return False

@@ -6,6 +6,7 @@ import jax
 import numpy as np
 
 from jrl.envs import EnvLike, make_vector_env
+from jrl.specs import observation_dtype
 from jrl.types import Params, PolicyFns
 
 
@@ -20,7 +21,8 @@ class Evaluator:
     """`env`: a gymnasium id, a factory returning a `gymnasium.Env` (or `"pkg.module:function"`).
     `first_index` k: the first `run` is evaluation k (its env seeds and policy key), as if k
     evaluations had run. `env_kwargs` go to `make_vector_env` (e.g. render_mode, wrappers)."""
-    self._env = make_vector_env(env, num_episodes, seed, **(env_kwargs or {}))
+    self._env = make_vector_env(env, num_episodes, seed, evaluation=True, **(env_kwargs or {}))
+    self._obs_dtype = observation_dtype(self._env.single_observation_space)
     self._select_action = jax.jit(policy.select_action)
     self._policy = policy
     self._seed = seed
@@ -44,7 +46,7 @@ class Evaluator:
     running = np.ones(n, bool)
     is_first = np.ones(n, bool)
     while running.any():
-      action, _, state = self._select_action(params, obs.astype(np.float32), is_first, state)
+      action, _, state = self._select_action(params, np.asarray(obs, self._obs_dtype), is_first, state)
       obs, reward, terminated, truncated, _ = self._env.step(np.asarray(action))
       is_first = np.logical_or(terminated, truncated)  # ended envs restart (their returns no longer count)
       returns += reward * running

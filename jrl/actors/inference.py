@@ -79,13 +79,13 @@ class BatchedInference:
 
   def __init__(self, policy: PolicyFns, variables: VariableClient, key: PRNGKey, num_actors: int,
                num_envs: int, obs_shape, timeout_ms: float = 2.0, reply_timeout_s: float = 60.0,
-               timer: Optional[PhaseTimer] = None):
+               timer: Optional[PhaseTimer] = None, obs_dtype=np.float32):
     self._select = _select_and_keep(policy.select_action)
     init = lambda k: policy.init(k, num_envs)
     self._states = jax.vmap(init)(jax.random.split(key, num_actors))  # one slot per actor
     self._variables = variables
     self._num_actors = num_actors
-    self._obs_buffer = np.zeros((num_actors, num_envs) + tuple(obs_shape), np.float32)
+    self._obs_buffer = np.zeros((num_actors, num_envs) + tuple(obs_shape), obs_dtype)  # uint8 frames stay uint8
     self._is_first_buffer = np.zeros((num_actors, num_envs), bool)
     self._timeout_s = timeout_ms / 1000.0
     # An actor counts as active while its last request is this recent.
@@ -99,7 +99,8 @@ class BatchedInference:
 
   # Called by RPC threads.
   def infer(self, actor_id: int, payload: bytes) -> bytes:
-    """`payload`: msgpack of {"obs": [E, ...] float32, "is_first": [E] bool}; the reply: msgpack
+    """`payload`: msgpack of {"obs": [E, ...] in the env spec's dtype (float32, uint8 frames, bool
+    planes), "is_first": [E] bool}; the reply: msgpack
     of {"action", "extras", "version"}."""
     request = _Request(int(actor_id), payload)
     self._requests.put(request)
@@ -216,7 +217,7 @@ class InferenceClient:
     self.timer = timer if timer is not None else NULL_TIMER
 
   def __call__(self, obs: np.ndarray, is_first: np.ndarray) -> np.ndarray:
-    payload = encode({"obs": np.asarray(obs, np.float32), "is_first": np.asarray(is_first, bool)})
+    payload = encode({"obs": np.asarray(obs), "is_first": np.asarray(is_first, bool)})
     self.timer.enter(INFERENCE_WAIT)
     try:
       reply = self._infer(self._actor_id, payload)

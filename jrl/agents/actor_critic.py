@@ -1,4 +1,5 @@
-"""The actor-critic network and categorical policy shared by PPO and IMPALA."""
+"""The actor-critic network and its policy, shared by PPO and IMPALA: a categorical head for
+Discrete action spaces, a diagonal Gaussian (distrax) for Box ones."""
 
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
@@ -6,54 +7,86 @@ import distrax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jrl.agents.modules import init_apply
-from jrl.errors import ConfigError
-from jrl.networks import MLP
+from jrl.networks import MLP, example_observation, make_torso
 from jrl.specs import EnvSpec
 from jrl.types import ActorState, Array, Params, PolicyFns, PRNGKey, initial_actor_state
 
 
 class ActorCritic(nn.Module):
-  """Separate MLP torsos for the policy logits and the value."""
+  """Separate MLP torsos for the policy and the value, or one shared `torso` (a CNN for frames).
+
+  Discrete (`continuous=False`): the policy output is logits [B, num_actions]. Box: it is
+  [B, 2 D] (the Gaussian's mean, then its log standard deviation, a learned parameter per
+  action dimension, independent of the observation), D = `num_actions`.
+  """
   num_actions: int
   hidden_sizes: Sequence[int]
+  torso: Optional[nn.Module] = None
+  continuous: bool = False
 
   @nn.compact
   def __call__(self, obs):
-    logits = nn.Dense(self.num_actions)(MLP(self.hidden_sizes)(obs))
-    value = nn.Dense(1)(MLP(self.hidden_sizes)(obs))[..., 0]
-    return logits, value
+    if self.torso is None:
+      policy_h, value_h = MLP(self.hidden_sizes)(obs), MLP(self.hidden_sizes)(obs)
+    else:
+      policy_h = value_h = self.torso(obs)
+    policy = nn.Dense(self.num_actions)(policy_h)
+    if self.continuous:
+      log_std = self.param("log_std", nn.initializers.zeros, (self.num_actions,))
+      policy = jnp.concatenate([policy, jnp.broadcast_to(log_std, policy.shape)], axis=-1)
+    value = nn.Dense(1)(value_h)[..., 0]
+    return policy, value
+
+
+def categorical(logits: Array) -> distrax.Distribution:
+  return distrax.Categorical(logits=logits)
+
+
+def gaussian(policy: Array) -> distrax.Distribution:
+  """The diagonal Gaussian of a policy output [..., 2 D] (mean, log std)."""
+  mean, log_std = jnp.split(policy, 2, axis=-1)
+  return distrax.MultivariateNormalDiag(mean, jnp.exp(log_std))
 
 
 class Networks(NamedTuple):
   init: Callable[[PRNGKey], Params]
-  apply: Callable[[Params, Array], tuple]  # obs [B, *obs_shape] -> (logits [B, A], value [B])
+  apply: Callable[[Params, Array], tuple]  # obs [B, *obs_shape] -> (policy output [B, P], value [B])
+  distribution: Callable[[Array], Any] = categorical  # policy output -> distrax distribution over actions
 
 
-def make_networks(agent: str, spec: EnvSpec, hidden_sizes: Sequence[int], module: Optional[Any] = None) -> Networks:
-  """`module`: any flax module mapping obs [B, *obs_shape] to (logits [B, A], value [B]), or an
-  (init, apply) pair; None: `ActorCritic` with MLP torsos of `hidden_sizes`."""
-  if not spec.discrete:
-    raise ConfigError("agent", f"{agent} supports Discrete action spaces only (no continuous head yet); "
-                               f"the env has a Box of shape {spec.action_shape}")
+def make_networks(agent: str, spec: EnvSpec, hidden_sizes: Sequence[int], module: Optional[Any] = None,
+                  torso: str = "auto") -> Networks:
+  """`module`: any flax module mapping obs [B, *obs_shape] to (policy output [B, P], value [B]), or
+  an (init, apply) pair; None: `ActorCritic` on `torso` (MLPs of `hidden_sizes` for vectors, a
+  shared CNN for frames). Discrete actions: the output is logits [B, A]; Box actions: a
+  Gaussian's mean and log std [B, 2 D] (see `gaussian`)."""
+  del agent
+  continuous = not spec.discrete
   if module is None:
-    module = ActorCritic(spec.num_actions, tuple(hidden_sizes))
-  dummy = jnp.zeros((1,) + spec.observation_shape, jnp.float32)
-  return Networks(*init_apply(module, dummy))
+    size = spec.num_actions if spec.discrete else int(np.prod(spec.action_shape))
+    module = ActorCritic(size, tuple(hidden_sizes), make_torso(torso, spec.observation_shape, hidden_sizes),
+                         continuous)
+  init, apply = init_apply(module, example_observation(spec))
+  return Networks(init, apply, gaussian if continuous else categorical)
 
 
 def make_categorical_policy(networks: Networks, evaluation: bool, report: str) -> PolicyFns:
-  """Samples the categorical over the logits (its mode when evaluating) and reports
-  `report` in extras: "log_prob" of the action (PPO) or the "logits" (IMPALA)."""
+  """Samples the policy's distribution (categorical or Gaussian; its mode when evaluating) and
+  reports `report` in extras: "log_prob" of the action (PPO) or the policy output, "logits"
+  (IMPALA). Gaussian actions are not clipped: the env clips them to its bounds (Pendulum and
+  MuJoCo do), and the learner sees the action that was sampled."""
 
   def select_action(params, obs: Array, is_first: Array, state: ActorState):
     del is_first  # feed-forward: nothing to reset at episode starts
     key, sample_key = jax.random.split(state.key)
     logits, _ = networks.apply(params, obs)
-    dist = distrax.Categorical(logits=logits)
+    dist = networks.distribution(logits)
     action = dist.mode() if evaluation else dist.sample(seed=sample_key)
     extras = {"log_prob": dist.log_prob(action)} if report == "log_prob" else {"logits": logits}
-    return action.astype(jnp.int32), extras, ActorState(key, state.env_steps + obs.shape[0])
+    action = action.astype(jnp.int32) if networks.distribution is categorical else action.astype(jnp.float32)
+    return action, extras, ActorState(key, state.env_steps + obs.shape[0])
 
   return PolicyFns(init=initial_actor_state, select_action=select_action)

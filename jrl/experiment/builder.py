@@ -8,6 +8,7 @@ import numpy as np
 
 from jrl import envs
 from jrl.agents import get_agent
+from jrl.networks import example_observation
 from jrl.replay.adders import BlockWriter, NStepTransitionAdder, SequenceAdder
 from jrl.replay.batches import PreparedBatch, assemble, assemble_sequences, items_per_call
 from jrl.replay.buffer import SampledItems
@@ -55,7 +56,7 @@ def policy_extras_example(parts: AgentParts, agent_cfg) -> Dict[str, np.ndarray]
   learner = parts.agent.make_learner(parts.networks, agent_cfg)
   policy = parts.agent.make_policy(parts.networks, agent_cfg)
   params = jax.eval_shape(lambda key: learner.params(learner.init(key)), jax.random.PRNGKey(0))
-  obs = jnp.zeros((1,) + parts.env_spec.observation_shape, jnp.float32)
+  obs = example_observation(parts.env_spec)
   is_first = jnp.ones((1,), bool)
   _, extras, _ = jax.eval_shape(policy.select_action, params, obs, is_first, policy.init(jax.random.PRNGKey(0), 1))
   return {k: np.zeros(v.shape[1:], v.dtype) for k, v in extras.items()}
@@ -77,12 +78,27 @@ def example_item(parts: AgentParts, agent_cfg) -> Any:
                     stack(np.float32(0)), stack(step.next_observation), {k: stack(v) for k, v in extras.items()})
 
 
+class RewardClipAdder:
+  """Clips each step's reward to [-bound, bound] before the wrapped adder sees it (so n-step
+  sums add clipped rewards); the actor's episode returns stay the env's own."""
+
+  def __init__(self, adder, bound: float):
+    self.adder, self.bound = adder, float(bound)
+
+  def add(self, obs, action, reward, *rest, **kwargs):
+    return self.adder.add(obs, action, np.clip(reward, -self.bound, self.bound).astype(np.float32), *rest, **kwargs)
+
+
 def make_adder(spec: ReplaySpec, num_envs: int, agent_cfg):
+  """The agent's adder; with the agent's `reward_clip` > 0 (e.g. 1 for Atari), behind a `RewardClipAdder`."""
   if spec.replayed_sequences:
-    return OverlappingSequenceAdder(num_envs, spec.replay_sequence_length, spec.replay_sequence_period)
-  if spec.sequences:
-    return SequenceAdder(num_envs, spec.sequence_length)
-  return NStepTransitionAdder(num_envs, getattr(agent_cfg, "n_step", 1), agent_cfg.discount)
+    adder = OverlappingSequenceAdder(num_envs, spec.replay_sequence_length, spec.replay_sequence_period)
+  elif spec.sequences:
+    adder = SequenceAdder(num_envs, spec.sequence_length)
+  else:
+    adder = NStepTransitionAdder(num_envs, getattr(agent_cfg, "n_step", 1), agent_cfg.discount)
+  bound = getattr(agent_cfg, "reward_clip", 0.0)
+  return RewardClipAdder(adder, bound) if bound > 0 else adder
 
 
 def make_block_writer(spec: ReplaySpec, writer) -> BlockWriter:

@@ -4,6 +4,7 @@ import dataclasses
 from typing import Tuple
 
 from jrl.errors import ConfigError
+from jrl.networks import TORSOS
 from jrl.replay.spec import ReplaySpec
 
 
@@ -27,6 +28,8 @@ class Config:
   # Network.
   hidden_sizes: Tuple[int, ...] = (128, 128)
   dueling: bool = False
+  torso: str = "auto"               # auto (by observation shape), mlp, nature_cnn, impala_resnet, small_cnn
+  reward_clip: float = 0.0          # each step's reward clipped to [-c, c] before replay (1 for Atari); 0: off
   # Exploration (counted in env steps of one actor).
   epsilon_init: float = 1.0
   epsilon_final: float = 0.05
@@ -52,6 +55,10 @@ class Config:
       value = getattr(self, name)
       if not 0.0 <= value <= 1.0:
         raise ConfigError(name, f"must be in [0, 1], got {value}")
+    if self.torso not in TORSOS:
+      raise ConfigError("torso", f"unknown torso '{self.torso}' (one of {', '.join(TORSOS)})")
+    if self.reward_clip < 0:
+      raise ConfigError("reward_clip", f"must be >= 0 (0: off), got {self.reward_clip}")
     if not self.hidden_sizes or any(h <= 0 for h in self.hidden_sizes):
       raise ConfigError("hidden_sizes", f"must be non-empty positive sizes, got {self.hidden_sizes}")
     self.replay_spec()  # validates the replay fields

@@ -2,12 +2,10 @@
 
 from typing import Any, Callable, NamedTuple, Optional
 
-import jax.numpy as jnp
-
 from jrl.agents.dqn.config import Config
 from jrl.agents.modules import init_apply
 from jrl.errors import ConfigError
-from jrl.networks import QNetwork
+from jrl.networks import QNetwork, example_observation, make_torso
 from jrl.specs import EnvSpec
 from jrl.types import Array, Params, PRNGKey
 
@@ -19,12 +17,14 @@ class Networks(NamedTuple):
 
 def make_networks(spec: EnvSpec, cfg: Config, module: Optional[Any] = None) -> Networks:
   """The Q-network: `module` is any flax module mapping obs [B, *obs_shape] to q
-  [B, num_actions], or an (init, apply) pair; None: an MLP `QNetwork` of `cfg.hidden_sizes`
-  (dueling with `cfg.dueling`)."""
+  [B, num_actions], or an (init, apply) pair; None: a `QNetwork` on `cfg.torso` (an MLP of
+  `cfg.hidden_sizes` for vectors, a CNN for frames; dueling with `cfg.dueling`)."""
   if not spec.discrete:
     raise ConfigError("agent", f"dqn needs a Discrete action space, the env has a continuous one "
                                f"(Box of shape {spec.action_shape})")
   if module is None:
-    module = QNetwork(num_actions=spec.num_actions, hidden_sizes=tuple(cfg.hidden_sizes), dueling=cfg.dueling)
-  dummy = jnp.zeros((1,) + spec.observation_shape, jnp.float32)
+    torso = make_torso(cfg.torso, spec.observation_shape, cfg.hidden_sizes)
+    module = QNetwork(num_actions=spec.num_actions, hidden_sizes=tuple(cfg.hidden_sizes), dueling=cfg.dueling,
+                      torso=torso)
+  dummy = example_observation(spec)
   return Networks(*init_apply(module, dummy))

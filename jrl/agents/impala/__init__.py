@@ -14,9 +14,10 @@ Networks = actor_critic.Networks
 
 
 def make_networks(spec: EnvSpec, cfg: Config, module: Optional[Any] = None) -> Networks:
-  """`module`: a flax module obs [B, *obs_shape] -> (logits [B, A], value [B]), or an (init, apply)
-  pair; None: the default actor-critic of `cfg.hidden_sizes`."""
-  return actor_critic.make_networks("impala", spec, cfg.hidden_sizes, module)
+  """`module`: a flax module obs [B, *obs_shape] -> (policy output, value [B]), or an (init, apply)
+  pair; None: the default actor-critic on `cfg.torso` (see `jrl.agents.actor_critic`): a
+  categorical head for Discrete actions, a Gaussian for Box ones."""
+  return actor_critic.make_networks("impala", spec, cfg.hidden_sizes, module, cfg.torso)
 
 
 def make_replay_spec(cfg: Config) -> ReplaySpec:

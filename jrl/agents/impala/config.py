@@ -4,6 +4,7 @@ import dataclasses
 from typing import Tuple
 
 from jrl.errors import ConfigError
+from jrl.networks import TORSOS
 from jrl.replay.spec import ReplaySpec
 
 
@@ -24,6 +25,8 @@ class Config:
   sequence_length: int = 32           # steps per trajectory
   batch_size: int = 8                 # trajectories per update
   hidden_sizes: Tuple[int, ...] = (64, 64)
+  torso: str = "auto"               # auto (by observation shape), mlp, nature_cnn, impala_resnet, small_cnn
+  reward_clip: float = 0.0          # each step's reward clipped to [-c, c] before replay (1 for Atari); 0: off
 
   def __post_init__(self):
     for name in ("learning_rate", "max_grad_norm", "sequence_length", "batch_size", "clip_rho_threshold",
@@ -33,6 +36,10 @@ class Config:
     for name in ("discount", "vtrace_lambda"):
       if not 0.0 <= getattr(self, name) <= 1.0:
         raise ConfigError(name, f"must be in [0, 1], got {getattr(self, name)}")
+    if self.torso not in TORSOS:
+      raise ConfigError("torso", f"unknown torso '{self.torso}' (one of {', '.join(TORSOS)})")
+    if self.reward_clip < 0:
+      raise ConfigError("reward_clip", f"must be >= 0 (0: off), got {self.reward_clip}")
     if not self.hidden_sizes or any(h <= 0 for h in self.hidden_sizes):
       raise ConfigError("hidden_sizes", f"must be non-empty positive sizes, got {self.hidden_sizes}")
 

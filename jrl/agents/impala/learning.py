@@ -2,7 +2,6 @@
 
 from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
-import distrax
 import jax
 import jax.numpy as jnp
 import optax
@@ -51,8 +50,8 @@ def loss(networks: Networks, params: Params, traj: Trajectory, cfg: Config) -> T
   apply = jax.vmap(networks.apply, in_axes=(None, 0))
   logits, value = apply(params, traj.observation)            # [B, T, A], [B, T]
   _, next_value = apply(params, traj.next_observation)
-  pi = distrax.Categorical(logits=logits)
-  mu = distrax.Categorical(logits=traj.extras["logits"])
+  pi = networks.distribution(logits)
+  mu = networks.distribution(traj.extras["logits"])
   rho = jnp.exp(pi.log_prob(traj.action) - mu.log_prob(traj.action))
   out = jax.vmap(vtrace, in_axes=(0, 0, 0, 0, 0, 0, None, None, None, None))(
       value, jax.lax.stop_gradient(next_value), traj.reward, traj.discount, traj.end_of_episode,

@@ -4,6 +4,7 @@ import dataclasses
 from typing import Tuple
 
 from jrl.errors import ConfigError
+from jrl.networks import TORSOS
 from jrl.replay.spec import ReplaySpec
 
 
@@ -29,6 +30,8 @@ class Config:
   sequence_length: int = 64          # steps per trajectory
   batch_size: int = 8                # trajectories per learner call (num_envs of one actor fills one)
   hidden_sizes: Tuple[int, ...] = (64, 64)
+  torso: str = "auto"               # auto (by observation shape), mlp, nature_cnn, impala_resnet, small_cnn
+  reward_clip: float = 0.0          # each step's reward clipped to [-c, c] before replay (1 for Atari); 0: off
 
   def __post_init__(self):
     for name in ("learning_rate", "max_grad_norm", "num_epochs", "num_minibatches", "sequence_length",
@@ -41,6 +44,10 @@ class Config:
     if (self.batch_size * self.sequence_length) % self.num_minibatches:
       raise ConfigError("num_minibatches", f"must divide batch_size x sequence_length "
                                            f"({self.batch_size * self.sequence_length}), got {self.num_minibatches}")
+    if self.torso not in TORSOS:
+      raise ConfigError("torso", f"unknown torso '{self.torso}' (one of {', '.join(TORSOS)})")
+    if self.reward_clip < 0:
+      raise ConfigError("reward_clip", f"must be >= 0 (0: off), got {self.reward_clip}")
     if not self.hidden_sizes or any(h <= 0 for h in self.hidden_sizes):
       raise ConfigError("hidden_sizes", f"must be non-empty positive sizes, got {self.hidden_sizes}")
 

@@ -2,7 +2,6 @@
 
 from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
-import distrax
 import jax
 import jax.numpy as jnp
 import optax
@@ -56,7 +55,7 @@ def loss(networks: Networks, params: Params, data: Minibatch, cfg: Config) -> Tu
   """The default loss of one minibatch: clipped surrogate + value_cost x value MSE / 2 -
   entropy_cost x entropy. Returns (loss [], metrics {name: []})."""
   logits, value = networks.apply(params, data.observation)
-  dist = distrax.Categorical(logits=logits)
+  dist = networks.distribution(logits)
   log_prob = dist.log_prob(data.action)
   ratio = jnp.exp(log_prob - data.behaviour_log_prob)
   advantages = data.advantage

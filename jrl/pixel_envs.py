@@ -1,0 +1,128 @@
+"""Pixel envs: Atari through ale-py and MinAtar, with documented preprocessing presets.
+
+An env id picks its preset: `ALE/...` ids get `atari`, `MinAtar/...` ids get `minatar`; a
+suffix names another one (`ALE/Pong-v5@none` is the raw ALE env). Presets:
+
+- `atari`: the standard DQN preprocessing (Mnih et al., 2015; Machado et al., 2018): the ALE
+  env with frameskip 1 and its own sticky actions (v5: 0.25), up to 30 no-op steps at reset,
+  each action repeated 4 frames with the max over the last two, 84x84 grayscale, the last 4
+  frames stacked channels-last: observations (84, 84, 4) uint8. In training a lost life ends
+  the episode (terminated, so no bootstrap) and the next reset continues the same game with a
+  no-op step; evaluation plays whole games. Rewards are not clipped here: that is the agents'
+  `reward_clip` option, so evaluation returns are game scores.
+- `minatar`: the MinAtar env as the `minatar` package registers it: (10, 10, C) bool object
+  planes, channels last; nothing else.
+- `none`: `gymnasium.make(id)` as it is.
+
+ROMs come from ale-py's wheel; nothing is downloaded.
+"""
+
+import functools
+from typing import Optional, Tuple
+
+import gymnasium as gym
+import numpy as np
+
+from jrl.errors import ConfigError
+
+PRESETS = ("atari", "minatar", "none")
+FRAME_STACK = 4
+
+
+def split_preset(env_id: str) -> Tuple[str, Optional[str]]:
+  """(gymnasium id, preset) of `ID[@preset]`; the preset is None for ids without one that
+  need no preprocessing. ConfigError("env") for an unknown preset."""
+  base, sep, preset = env_id.partition("@")
+  if sep:
+    if preset not in PRESETS:
+      raise ConfigError("env", f"unknown preset '{preset}' in '{env_id}' (presets: {', '.join(PRESETS)})")
+    if preset == "atari" and not base.startswith("ALE/"):
+      raise ConfigError("env", f"the atari preset takes ALE/... ids, got '{base}'")
+    return base, None if preset == "none" else preset
+  if base.startswith("ALE/"):
+    return base, "atari"
+  if base.startswith("MinAtar/"):
+    return base, "minatar"
+  return base, None
+
+
+def register(env_id: str) -> None:
+  """Registers ALE's or MinAtar's gymnasium ids when `env_id` is one of them (idempotent)."""
+  if env_id.startswith("ALE/"):
+    try:
+      import ale_py
+    except ImportError as e:
+      raise ConfigError("env", f"'{env_id}' needs ale-py (pip install ale-py==0.12.1)") from e
+    gym.register_envs(ale_py)
+  elif env_id.startswith("MinAtar/") and env_id not in gym.registry:
+    try:
+      import minatar.gym
+    except ImportError as e:
+      raise ConfigError("env", f"'{env_id}' needs MinAtar (pip install MinAtar==1.0.15)") from e
+    minatar.gym.register_envs()
+
+
+class EpisodicLife(gym.Wrapper):
+  """A lost life terminates the episode; the following reset continues the game with one
+  no-op step unless the game itself was over (then a real reset)."""
+
+  def __init__(self, env: gym.Env):
+    super().__init__(env)
+    self._lives = 0
+    self._game_over = True
+
+  def step(self, action):
+    obs, reward, terminated, truncated, info = self.env.step(action)
+    self._game_over = terminated or truncated
+    lives = self.env.unwrapped.ale.lives()
+    if 0 < lives < self._lives:
+      terminated = True
+    self._lives = lives
+    return obs, reward, terminated, truncated, info
+
+  def reset(self, **kwargs):
+    if self._game_over or kwargs.get("seed") is not None:
+      obs, info = self.env.reset(**kwargs)
+    else:
+      obs, _, terminated, truncated, info = self.env.step(0)
+      if terminated or truncated:
+        obs, info = self.env.reset(**kwargs)
+    self._game_over = False
+    self._lives = self.env.unwrapped.ale.lives()
+    return obs, info
+
+
+class ChannelsLast(gym.ObservationWrapper):
+  """Stacked frames (k, H, W) -> (H, W, k), the layout of the image torsos."""
+
+  def __init__(self, env: gym.Env):
+    super().__init__(env)
+    space = env.observation_space
+    self.observation_space = gym.spaces.Box(np.moveaxis(space.low, 0, -1), np.moveaxis(space.high, 0, -1),
+                                            dtype=space.dtype)
+
+  def observation(self, observation):
+    return np.ascontiguousarray(np.moveaxis(observation, 0, -1))
+
+
+def make_env(env_id: str, preset: Optional[str], evaluation: bool = False, **make_kwargs) -> gym.Env:
+  """One env `env_id` with `preset` (see the module docstring); `evaluation` plays whole games.
+  `make_kwargs` go to `gymnasium.make` (e.g. render_mode)."""
+  register(env_id)
+  if preset == "atari":
+    env = gym.make(env_id, frameskip=1, **make_kwargs)
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
+    if not evaluation:
+      env = EpisodicLife(env)
+    return ChannelsLast(gym.wrappers.FrameStackObservation(env, FRAME_STACK))
+  return gym.make(env_id, **make_kwargs)
+
+
+def factory(env_id: str, evaluation: bool = False):
+  """A zero-argument env factory for `ID[@preset]` when it needs one (a preset or registration),
+  else None (a plain gymnasium id)."""
+  base, preset = split_preset(env_id)
+  if preset is None and base == env_id and not base.startswith(("ALE/", "MinAtar/")):
+    return None
+  register(base)
+  return functools.partial(make_env, base, preset, evaluation)
