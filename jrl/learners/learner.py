@@ -73,7 +73,10 @@ class Learner:
     try:
       prepared = next(self._batches)
       self.timer.switch(UPDATE)
-      state, metrics = self._update_many(self._state, sharding.put_batch(prepared.batch, self.mesh))
+      batch = prepared.batch
+      if not isinstance(getattr(batch, "weights", None), jax.Array):  # host batches; Reverb's come placed
+        batch = sharding.put_batch(batch, self.mesh)
+      state, metrics = self._update_many(self._state, batch)
       priorities = metrics.pop("priorities", None)
       if self._update_priorities is not None and priorities is not None:
         self._update_priorities(item_priorities(self._local_rows(np.asarray(priorities)), prepared.item_keys,
@@ -82,7 +85,7 @@ class Learner:
         self._state = state
         self.steps += int(prepared.batch.weights.shape[0])
         self.version += 1
-      return {k: float(np.mean(v)) for k, v in jax.device_get(metrics).items()}
+      return {k: float(v.mean()) for k, v in jax.device_get(metrics).items()}
     finally:
       self.timer.exit()
 
