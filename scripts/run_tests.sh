@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Runs the test suite. pytest's exit 5 (no tests collected) is a failure here.
+# Runs the test suite (with JRL_TEST_PYTHON's interpreter, .venv's by default).
+# pytest's exit 5 (no tests collected) is a failure here.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
-.venv/bin/python -m pytest tests "$@"
+"${JRL_TEST_PYTHON:-.venv/bin/python}" -m pytest tests "$@"
 status=$?
 if [ "$status" -eq 5 ]; then
   echo "run_tests: pytest collected no tests; failing" >&2

@@ -1,4 +1,76 @@
-# TFP 0.25 (via rlax/distrax) refuses TF 2.8 once TensorFlow is loaded; tests that
-# import reverb run in the same process, so load these first.
+"""Test selection for the two installs.
+
+Tests that need the distributed stack (reverb, launchpad, TensorFlow: the jrl[distributed]
+extra, Python 3.10) are marked `distributed`; tests of the device backend (gymnax) are marked
+`device`. `pytest --core` (`make test-core`, the Python 3.12 core venv) deselects both and runs
+the rest. A file whose every test needs the distributed stack says so with a line
+`pytestmark = pytest.mark.distributed`; `--core` does not even import it (its imports need
+that stack). A `--core` run in which no test passed fails: an empty or all-skipped run proves
+nothing. Without `--core` nothing is deselected, so a missing package fails loudly.
+"""
+
+import pytest
+
+# TFP (via rlax/distrax) refuses TF 2.8 once TensorFlow is loaded; tests that import reverb
+# run in the same process, so load these first.
 import distrax  # noqa: F401
 import rlax  # noqa: F401
+
+CORE_EXCLUDED = ("distributed", "device")
+WHOLE_FILE_MARK = "pytestmark = pytest.mark.distributed"
+
+
+def pytest_addoption(parser):
+  parser.addoption("--core", action="store_true",
+                   help="run only the core tests (deselect tests marked " + " or ".join(CORE_EXCLUDED)
+                   + "); fail when none passes")
+
+
+def pytest_configure(config):
+  config.addinivalue_line("markers", "distributed: needs reverb, launchpad or TensorFlow (jrl[distributed], "
+                          "Python 3.10)")
+  config.addinivalue_line("markers", "device: needs gymnax (the device backend)")
+  config._jrl_passed = 0
+
+
+def pytest_report_header(config):
+  if config.getoption("--core"):
+    return f"jrl: core run (tests marked {', '.join(CORE_EXCLUDED)} deselected)"
+  return None
+
+
+def pytest_ignore_collect(collection_path, config):
+  if not config.getoption("--core") or collection_path.suffix != ".py":
+    return None
+  try:
+    with open(collection_path) as f:
+      if any(line.strip() == WHOLE_FILE_MARK for line in f):
+        return True
+  except OSError:
+    pass
+  return None
+
+
+def pytest_collection_modifyitems(config, items):
+  if not config.getoption("--core"):
+    return
+  kept, deselected = [], []
+  for item in items:
+    (deselected if any(item.get_closest_marker(m) for m in CORE_EXCLUDED) else kept).append(item)
+  if deselected:
+    config.hook.pytest_deselected(items=deselected)
+    items[:] = kept
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  outcome = yield
+  if call.when == "call" and outcome.get_result().passed:
+    item.config._jrl_passed += 1
+
+
+def pytest_sessionfinish(session, exitstatus):
+  config = session.config
+  if config.getoption("--core") and exitstatus == 0 and config._jrl_passed == 0:
+    print("\nconftest: --core run in which no test passed; failing", flush=True)
+    session.exitstatus = 1

@@ -71,7 +71,8 @@ def main():
                cache_size=learner._update_many._cache_size(),
                same_structure=str(jax.tree_util.tree_structure(learner.state)) == structure0,
                same_dtypes=[str(x.dtype) for x in jax.tree_util.tree_leaves(learner.state)] == dtypes0,
-               param_sharding=str(jax.tree_util.tree_leaves(learner.state.params)[0].sharding.spec))
+               # list(): PartitionSpec prints as P() from jax 0.7
+               param_spec=list(jax.tree_util.tree_leaves(learner.state.params)[0].sharding.spec))
   leaves = {f"leaf{i}": np.asarray(x) for i, x in enumerate(jax.tree_util.tree_leaves(params))}
   if jax.process_index() == 0:
     np.savez(args.out, facts=json.dumps(facts), **leaves)

@@ -83,6 +83,7 @@ BAD_INPUTS = {
 }
 
 
+@pytest.mark.device
 def test_bad_input_gives_one_line_and_status_2(tmp_path):
   procs = {name: subprocess.Popen([sys.executable, "-m", "launch.train", "--backend", "device", *args, "--run_dir",
                                    str(tmp_path / name)], cwd=ROOT, text=True, stdout=subprocess.PIPE,
@@ -101,6 +102,7 @@ def _read(path):
     return list(csv.DictReader(f))
 
 
+@pytest.mark.device
 def test_ppo_reaches_475_on_gymnax_cartpole_and_writes_the_run_directory(tmp_path):
   from jrl.device.runner import run_device
   import jrl
@@ -136,6 +138,7 @@ def _short_run(tmp_path, name, agent, steps, chunk_steps=None, **exp_fields):
   return run_device(exp, cfg, chunk_steps=chunk_steps)
 
 
+@pytest.mark.device
 def test_same_seed_same_bytes_and_chunking_does_not_change_training(tmp_path):
   a = _short_run(tmp_path, "a", "dqn", 2_048)
   b = _short_run(tmp_path, "b", "dqn", 2_048)
@@ -173,6 +176,7 @@ json.dump({"devices": jax.device_count(), **out}, open(sys.argv[1] + "/out.json"
 """
 
 
+@pytest.mark.device
 def test_two_devices_learn_as_one(tmp_path):
   """Forced 2 CPU devices: the same eval curve (PPO) and the same parameters within float
   tolerance (DQN, whose gradient all-reduce sums in another order), each with no compile in the loop."""

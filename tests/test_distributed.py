@@ -9,6 +9,9 @@ import sys
 import time
 
 import psutil
+import pytest
+
+pytestmark = pytest.mark.distributed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--steps", "3000", "--min_replay_size", "500", "--eval_every", "1000", "--eval_episodes", "3",

@@ -20,6 +20,8 @@ from jrl.experiment.checkpoint import Checkpointer
 from launch import loopback
 from launch.supervisor import RUN_DIR_ENV, last_traceback
 
+pytestmark = pytest.mark.distributed
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--min_replay_size", "500", "--eval_every", "1000", "--eval_episodes", "3", "--hidden_sizes", "32,32",
          "--num_envs", "4", "--progress_seconds", "2"]

@@ -19,6 +19,8 @@ import time
 import psutil
 import pytest
 
+pytestmark = pytest.mark.distributed
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLUSTER = os.path.join(ROOT, "scripts", "slurm_test_cluster.sh")
 HOSTS = "node1,node2,node3"

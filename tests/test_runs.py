@@ -36,6 +36,7 @@ def test_deterministic_runs_repeat_bytes_and_metrics(tmp_path):
   assert c["params_digest"] != a["params_digest"]
 
 
+@pytest.mark.distributed
 def test_reverb_run_writes_the_run_directory(tmp_path):
   exp = ExperimentConfig(seed=0, run_dir=str(tmp_path / "run"), **SHORT)
   summary = run(exp, SHORT_AGENT)
@@ -73,6 +74,7 @@ def test_shipped_defaults_reach_the_threshold(tmp_path, agent, env, steps, eval_
   assert summary["best_eval_return"] >= summary["reward_threshold"]
 
 
+@pytest.mark.distributed
 def test_ppo_through_a_reverb_queue(tmp_path):
   from jrl.agents import ppo
   exp = ExperimentConfig(agent="ppo", seed=0, steps=4_096, eval_every=2_048, eval_episodes=2,

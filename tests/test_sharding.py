@@ -45,7 +45,7 @@ def test_sharded_update_equals_single_device(tmp_path, single_device, devices):
   assert facts["devices"] == devices and facts["version"] == 3
   assert facts["cache_size"] == 1, "recompiled after the first call"
   assert facts["same_structure"] and facts["same_dtypes"]
-  assert facts["param_sharding"] == "PartitionSpec()"  # replicated
+  assert facts["param_spec"] == []  # replicated
   for ours, reference in zip(leaves, single_device[1]):
     np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=1e-6)
   assert any(not np.allclose(a, 0) for a in leaves)

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Exit after the `done:` line takes ~0.1 s (the interpreter's teardown is skipped once the
@@ -26,6 +28,7 @@ def test_a_deterministic_run_loads_neither_tensorflow_nor_reverb(tmp_path):
   assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
 
 
+@pytest.mark.distributed
 def test_a_reverb_run_stopped_at_its_threshold_exits_right_after_done(tmp_path):
   """The case that hung: Reverb replay, stopped early by --stop_at_threshold."""
   run_dir = tmp_path / "run"
