@@ -1,4 +1,4 @@
-"""Import-order workarounds for the pinned stack.
+"""Import-order workarounds for the pinned stack, and whether the distributed stack is there.
 
 TFP 0.25 (imported by rlax and distrax) imports TensorFlow whenever it is installed,
 only to copy docstrings (tensorflow_probability/python/internal/backend/jax/_utils.py):
@@ -56,3 +56,24 @@ def import_reverb() -> None:
   finally:
     if blocked and sys.modules.get("keras", 0) is None:
       del sys.modules["keras"]
+
+
+# The jrl[distributed] extra (Python 3.10 only: dm-launchpad 0.5.2 has no newer wheels). A core
+# install (e.g. Python 3.12) lacks it: runs then need --deterministic and no --distributed.
+DISTRIBUTED_STACK = ("reverb", "launchpad", "tensorflow")
+
+
+def missing_distributed_stack() -> tuple:
+  """The modules of the distributed stack that are not installed; () when it is complete.
+  Looks them up without importing them."""
+  import importlib.util
+  return tuple(name for name in DISTRIBUTED_STACK if importlib.util.find_spec(name) is None)
+
+
+def check_distributed_stack(field: str, use: str) -> None:
+  """ConfigError naming `field` when the distributed stack is missing (`use` says what needs it)."""
+  missing = missing_distributed_stack()
+  if missing:
+    from jrl.errors import ConfigError
+    raise ConfigError(field, f"{use} needs the jrl[distributed] extra (Python 3.10); this install lacks "
+                             f"{', '.join(missing)}")

@@ -25,6 +25,7 @@ _finished_embedded_run = False
 def main(argv: Optional[Sequence[str]] = None) -> int:
   global _finished_embedded_run
   argv = list(sys.argv[1:] if argv is None else argv)
+  from jrl import compat
   from jrl.agents import get_agent
   from jrl.errors import ConfigError
   from jrl.experiment.config import ExperimentConfig
@@ -63,6 +64,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from jrl.envs import check_env_id
     check_env_id(exp.env)
     if exp.distributed:
+      compat.check_distributed_stack("distributed", "--distributed")
       from launch.distributed import run_distributed
       try:
         summary = run_distributed(exp, agent_cfg)

@@ -5,8 +5,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 
 from jrl.agents import dqn
+from jrl.compat import missing_distributed_stack
 from jrl.experiment.config import ExperimentConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,7 +43,10 @@ BAD_INPUTS = {
     "log_every distributed": (["--distributed", "--log_every", "5"], "log_every: applies to runs in one process"),
     "num_actors embedded": (["--num_actors", "3"], "num_actors: applies to --distributed runs only"),
     "device distributed": (["--distributed", "--backend", "device"], "backend: 'device' runs in one process"),
-    # Multi-host placement, refused before anything launches.
+}
+# Refused by the distributed launcher (it imports Launchpad) before anything launches.
+BAD_DISTRIBUTED_INPUTS = {
+    # Multi-host placement.
     "slurm without hosts": (["--distributed", "--launcher", "slurm"], "hosts: --launcher slurm needs the hosts"),
     "unknown launcher": (["--distributed", "--launcher", "mpi"], "launcher: must be 'local', 'slurm' or 'template'"),
     "unknown host": (["--distributed", "--launcher", "template", "--host_command", "{command}", "--hosts",
@@ -65,11 +70,11 @@ def _launch(args):
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def test_bad_input_gives_one_line_and_status_2(tmp_path):
-  procs = {name: _launch([*args, "--run_dir", str(tmp_path / "never")]) for name, (args, _) in BAD_INPUTS.items()}
+def _check_one_line_errors(cases, tmp_path):
+  procs = {name: _launch([*args, "--run_dir", str(tmp_path / "never")]) for name, (args, _) in cases.items()}
   for name, proc in procs.items():
     out, err = proc.communicate(timeout=120)
-    expected = BAD_INPUTS[name][1]
+    expected = cases[name][1]
     lines = [line for line in err.splitlines() if line.strip()]
     assert proc.returncode == 2, (name, err)
     assert "Traceback" not in err, name
@@ -77,6 +82,28 @@ def test_bad_input_gives_one_line_and_status_2(tmp_path):
     assert lines[0].startswith("python -m launch.train: error: "), (name, lines)
     assert expected in lines[0], (name, lines)
   assert not (tmp_path / "never").exists()  # nothing was written for a refused run
+
+
+def test_bad_input_gives_one_line_and_status_2(tmp_path):
+  _check_one_line_errors(BAD_INPUTS, tmp_path)
+
+
+@pytest.mark.distributed
+def test_bad_distributed_input_gives_one_line_and_status_2(tmp_path):
+  _check_one_line_errors(BAD_DISTRIBUTED_INPUTS, tmp_path)
+
+
+@pytest.mark.skipif(not missing_distributed_stack(), reason="the distributed stack is installed")
+def test_a_core_install_refuses_what_needs_the_distributed_stack_in_one_line(tmp_path):
+  """Where reverb/launchpad/TensorFlow are missing (the Python 3.12 core), --distributed and a Reverb
+  run are refused up front; --deterministic runs (tests/test_runs.py) need neither."""
+  lacks = ", ".join(missing_distributed_stack())
+  _check_one_line_errors({
+      "distributed": (["--distributed"], f"distributed: --distributed needs the jrl[distributed] extra "
+                                         f"(Python 3.10); this install lacks {lacks}"),
+      "reverb replay": ([], "deterministic: a run without --deterministic (Reverb replay) needs the "
+                            "jrl[distributed] extra"),
+  }, tmp_path)
 
 
 def test_an_agent_module_missing_one_piece_is_named(tmp_path):

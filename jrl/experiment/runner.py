@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional
 import jax
 import numpy as np
 
-from jrl import envs, jit_cache, seeding
+from jrl import compat, envs, jit_cache, seeding
 from jrl.actors.actor import Actor, LocalPolicy
 from jrl.actors.evaluator import Evaluator
 from jrl.actors.variables import VariableClient
@@ -220,11 +220,15 @@ class LoopState:
 
 
 def prepare_run_dir(exp: ExperimentConfig, agent_cfg) -> str:
-  """The run directory: created and given config.json for a new run; checked for a resumed one."""
+  """The run directory: created and given config.json for a new run; checked for a resumed one.
+  A Reverb run where Reverb is not installed (a core install) is refused before anything is written."""
+  run_dir = exp.resume or exp.run_dir or exp.default_run_dir()
+  if not exp.resume:
+    check_run_dir_target(run_dir)
+  if not exp.deterministic:
+    compat.check_distributed_stack("deterministic", "a run without --deterministic (Reverb replay)")
   if exp.resume:
-    return exp.resume
-  run_dir = exp.run_dir or exp.default_run_dir()
-  check_run_dir_target(run_dir)
+    return run_dir
   os.makedirs(run_dir, exist_ok=True)
   write_json(os.path.join(run_dir, CONFIG_FILE), config_payload(exp, agent_cfg))
   return run_dir
