@@ -36,6 +36,15 @@ def observation_dtype(space: gym.Space) -> np.dtype:
   return dtype if dtype in KEPT_OBSERVATION_DTYPES else np.dtype(np.float32)
 
 
+def env_action(action: np.ndarray, space: gym.Space) -> np.ndarray:
+  """The actions as the env takes them: its dtype, and within its bounds for a Box (a Gaussian
+  policy samples beyond them; replay keeps the sampled action). A no-op for actions inside."""
+  action = np.asarray(action).astype(space.dtype, copy=False)
+  if isinstance(space, gym.spaces.Box):
+    action = np.clip(action, space.low, space.high)
+  return action
+
+
 def make_env_spec(observation_space: gym.Space, action_space: gym.Space) -> EnvSpec:
   """Builds an EnvSpec from single-env spaces; only Box observations and
   Discrete or Box actions are supported."""

@@ -15,7 +15,7 @@ import numpy as np
 from jrl.actors.variables import VariableClient
 from jrl.envs import EpisodeStats, EpisodeTracker, final_observations
 from jrl.experiment.report import ENV, INSERT, NULL_TIMER, PARAM_FETCH, POLICY
-from jrl.specs import observation_dtype
+from jrl.specs import env_action, observation_dtype
 from jrl.types import PolicyFns, PRNGKey, Transition
 
 
@@ -90,7 +90,7 @@ class Actor:
     self._obs = np.asarray(obs, self._obs_dtype)
     self._is_first = np.ones(env.num_envs, bool)  # episode starts: recurrent policies reset there
     self._tracker = EpisodeTracker(env.num_envs)
-    self._env_action_dtype = env.single_action_space.dtype
+    self._env_action_space = env.single_action_space
     self.num_envs = env.num_envs
     self.env_steps = 0
     self.dispatch_ahead = dispatch_ahead
@@ -109,9 +109,8 @@ class Actor:
       action, extras = ahead if ahead is not None else self._act()
       action = np.asarray(action)  # waits for a policy still computing
       timer.switch(ENV)
-      # gymnasium's space checks are faster on its own dtype; replay keeps the policy's.
-      next_obs, reward, terminated, truncated, info = self._env.step(
-          action.astype(self._env_action_dtype, copy=False))
+      # The env's dtype (its space checks are faster on it) and bounds; replay keeps the policy's action.
+      next_obs, reward, terminated, truncated, info = self._env.step(env_action(action, self._env_action_space))
       next_obs = np.asarray(next_obs, self._obs_dtype)
       done = np.logical_or(terminated, truncated)
       obs, self._obs = self._obs, next_obs

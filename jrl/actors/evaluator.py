@@ -6,7 +6,7 @@ import jax
 import numpy as np
 
 from jrl.envs import EnvLike, make_vector_env
-from jrl.specs import observation_dtype
+from jrl.specs import env_action, observation_dtype
 from jrl.types import Params, PolicyFns
 
 
@@ -47,7 +47,7 @@ class Evaluator:
     is_first = np.ones(n, bool)
     while running.any():
       action, _, state = self._select_action(params, np.asarray(obs, self._obs_dtype), is_first, state)
-      obs, reward, terminated, truncated, _ = self._env.step(np.asarray(action))
+      obs, reward, terminated, truncated, _ = self._env.step(env_action(action, self._env.single_action_space))
       is_first = np.logical_or(terminated, truncated)  # ended envs restart (their returns no longer count)
       returns += reward * running
       running &= ~np.logical_or(terminated, truncated)

@@ -76,8 +76,9 @@ def make_networks(agent: str, spec: EnvSpec, hidden_sizes: Sequence[int], module
 def make_categorical_policy(networks: Networks, evaluation: bool, report: str) -> PolicyFns:
   """Samples the policy's distribution (categorical or Gaussian; its mode when evaluating) and
   reports `report` in extras: "log_prob" of the action (PPO) or the policy output, "logits"
-  (IMPALA). Gaussian actions are not clipped: the env clips them to its bounds (Pendulum and
-  MuJoCo do), and the learner sees the action that was sampled."""
+  (IMPALA). Gaussian actions are not clipped here: the actor and evaluator clip what they send
+  to the env to its bounds (`jrl.specs.env_action`; MuJoCo's control cost counts the unclipped
+  action), and replay keeps the sampled action, whose log-prob the learner needs."""
 
   def select_action(params, obs: Array, is_first: Array, state: ActorState):
     del is_first  # feed-forward: nothing to reset at episode starts
