@@ -18,8 +18,6 @@ BAD_INPUTS = {
     "unknown agent": (["--agent", "nope"], "agent: unknown agent 'nope'"),
     "continuous actions for dqn": (["--env", "Pendulum-v1"], "agent: dqn needs a Discrete action space"),
     "discrete actions for sac": (["--agent", "sac", "--env", "CartPole-v1"], "agent: sac needs a Box action space"),
-    "continuous actions for ppo": (["--agent", "ppo", "--env", "Pendulum-v1"], "agent: ppo supports Discrete action spaces only"),
-    "continuous actions for impala": (["--agent", "impala", "--env", "Pendulum-v1"], "agent: impala supports Discrete action spaces only"),
     # Custom agent modules and env factories (examples/): the factory or module is named.
     "env factory raises": (["--env", "examples.envs:broken_factory"],
                            "env: the env factory 'examples.envs:broken_factory' raised RuntimeError: "
