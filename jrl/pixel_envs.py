@@ -10,8 +10,9 @@ suffix names another one (`ALE/Pong-v5@none` is the raw ALE env). Presets:
   the episode (terminated, so no bootstrap) and the next reset continues the same game with a
   no-op step; evaluation plays whole games. Rewards are not clipped here: that is the agents'
   `reward_clip` option, so evaluation returns are game scores.
-- `minatar`: the MinAtar env as the `minatar` package registers it: (10, 10, C) bool object
-  planes, channels last; nothing else.
+- `minatar`: the MinAtar env as the `minatar` package registers it ((10, 10, C) bool object
+  planes, channels last; its own sticky actions, 0.1), truncated at 10,000 steps (MinAtar has
+  no time limit, and a greedy policy that keeps the ball would never end an evaluation).
 - `none`: `gymnasium.make(id)` as it is.
 
 ROMs come from ale-py's wheel; nothing is downloaded.
@@ -26,6 +27,7 @@ import numpy as np
 from jrl.errors import ConfigError
 
 PRESETS = ("atari", "minatar", "none")
+MINATAR_MAX_STEPS = 10_000
 FRAME_STACK = 4
 
 
@@ -115,6 +117,8 @@ def make_env(env_id: str, preset: Optional[str], evaluation: bool = False, **mak
     if not evaluation:
       env = EpisodicLife(env)
     return ChannelsLast(gym.wrappers.FrameStackObservation(env, FRAME_STACK))
+  if preset == "minatar":
+    return gym.wrappers.TimeLimit(gym.make(env_id, **make_kwargs), MINATAR_MAX_STEPS)
   return gym.make(env_id, **make_kwargs)
 
 
