@@ -9,6 +9,12 @@ median steps/s of the second half of its metric rows, summed over actors. The se
 mean batch (requests per batch) and each run's report verdict are printed too.
 
   .venv/bin/python bench/distributed_throughput.py [--actors 8] [--steps 40000] [--num_envs 8]
+  .venv/bin/python bench/distributed_throughput.py --pixels [--steps 8000]   # ALE/Breakout-v5, Nature CNN
+
+`--pixels`: Atari frames (the atari preset, (84, 84, 4) uint8, 28 KB per observation) and DQN's
+Nature-DQN CNN (torso auto), where a central server batching a large network can pay; the env is
+`--env` (any id) and the agent `--agent` otherwise. Replay holds every inserted transition (nothing
+samples): a pixel run of S steps keeps about S x 56 KB in the Reverb node.
 """
 
 import argparse
@@ -38,6 +44,7 @@ def run(n: int, placement: str, args) -> dict:
   run_dir = tempfile.mkdtemp(prefix=f"bench-{placement}{n}-")
   budget = args.steps
   cmd = [sys.executable, "-m", "launch.train", "--distributed", "--num_actors", str(n), "--inference", placement,
+         "--agent", args.agent, "--env", args.env,
          "--steps", str(budget), "--num_envs", str(args.num_envs),
          # No learning, so no rate limit: replay never reaches the size the learner needs to sample.
          "--min_replay_size", str(10 * budget), "--max_replay_size", str(20 * budget),
@@ -63,12 +70,19 @@ def main():
   parser.add_argument("--steps", type=int, default=40_000)
   parser.add_argument("--num_envs", type=int, default=8)
   parser.add_argument("--timeout_ms", type=float, default=0.0, help="--inference_timeout_ms (0: the default)")
+  parser.add_argument("--agent", default="dqn")
+  parser.add_argument("--env", default="CartPole-v1")
+  parser.add_argument("--pixels", action="store_true", help="--env ALE/Breakout-v5 (Nature CNN), 8000 steps unless given")
   args = parser.parse_args()
+  if args.pixels:
+    args.env = "ALE/Breakout-v5" if args.env == "CartPole-v1" else args.env
+    args.steps = 8_000 if args.steps == 40_000 else args.steps
   try:
     load = os.getloadavg()[0]
   except OSError:
     load = float("nan")
-  print(f"{os.cpu_count()} CPU cores, load {load:.1f}; {args.num_envs} envs per actor, {args.steps} env steps per run; "
+  print(f"{args.agent} on {args.env}; {os.cpu_count()} CPU cores, load {load:.1f}; {args.num_envs} envs per actor, "
+        f"{args.steps} env steps per run; "
         "acting without the learner's rate limit (min_replay_size above the budget: no sampling, no held inserts)",
         flush=True)
   results = {}
