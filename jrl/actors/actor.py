@@ -73,8 +73,9 @@ class Actor:
 
   `dispatch_ahead`: once the env has stepped, ask the policy for the next actions before
   the adder and the replay insert run, so that a policy computing asynchronously (JAX
-  dispatch) overlaps them. The actions are then chosen with the parameters of that moment,
-  one learner call older in the embedded loop; off for `--deterministic` runs.
+  dispatch on an accelerator, a remote server) overlaps them. The actions are then chosen
+  with the parameters of that moment, one learner call older in the embedded loop; off
+  for `--deterministic` runs.
   """
 
   def __init__(self, env: gym.vector.VectorEnv, policy: BatchedPolicy, adder=None,

@@ -105,9 +105,12 @@ class Learner:
   def get_variables(self) -> Tuple[object, int]:
     """(params, version), params as single-device arrays of this process."""
     if self._served[0] != self.version:
-      # Timed as a parameter fetch when asked from the timer's own thread (servers may ask from others).
+      # Timed as a parameter fetch when asked from the timer's own thread (servers and an actor's
+      # policy thread may ask from others, during a call: state and version are read together).
       timer = self.timer if getattr(self.timer, "thread", None) == threading.get_ident() else NULL_TIMER
       timer.enter(PARAM_FETCH)
-      self._served = (self.version, sharding.local_copy(self._fns.params(self._state)))
+      with self._lock:
+        state, version = self._state, self.version
+      self._served = (version, sharding.local_copy(self._fns.params(state)))
       timer.exit()
     return self._served[1], self.version
