@@ -105,8 +105,8 @@ class Learner:
   def get_variables(self) -> Tuple[object, int]:
     """(params, version), params as single-device arrays of this process."""
     if self._served[0] != self.version:
-      # Timed as a parameter fetch when asked from the timer's own thread (servers and an actor's
-      # policy thread may ask from others, during a call: state and version are read together).
+      # Timed as a parameter fetch when asked from the timer's own thread (servers may ask from
+      # others, during a call: state and version are read together).
       timer = self.timer if getattr(self.timer, "thread", None) == threading.get_ident() else NULL_TIMER
       timer.enter(PARAM_FETCH)
       with self._lock:
