@@ -1,7 +1,9 @@
 """Throughput of the embedded pieces, each against its bare baseline, in one run.
 
-(a) actor env-steps/s (policy, n-step adder and Reverb inserts) vs raw stepping
-    of the same vector env with random actions;
+(a) actor env-steps/s (policy, n-step adder and Reverb inserts; the policy for the
+    next step dispatched before this step's inserts, as in Reverb runs) vs raw
+    stepping of the same vector env with random actions, and where the actor's
+    time goes (microseconds per vector step, by phase);
 (b) learner updates/s fed from Reverb (sampling, cross-item shuffle, device
     prefetch) vs the bare jitted update loop on a fixed device batch.
 
@@ -19,12 +21,15 @@ from jrl import envs
 from jrl.actors.actor import Actor, LocalPolicy
 from jrl.actors.variables import VariableClient
 from jrl.agents import dqn
-from jrl.experiment.builder import example_transition
+from jrl.experiment import report
+from jrl.experiment import runner
+from jrl.experiment.builder import build_agent_parts, example_transition
+from jrl.experiment.config import ExperimentConfig
 from jrl.learners import sharding
 from jrl.learners.learner import Learner, make_multi_update
 from jrl.replay import reverb_replay
 from jrl.replay.adders import BlockWriter, NStepTransitionAdder
-from jrl.replay.batches import PrefetchIterator, assemble, items_per_call
+from jrl.replay.batches import items_per_call
 
 reverb = reverb_replay.reverb
 
@@ -38,12 +43,29 @@ class _StaticSource:
 
 
 def _rate(fn, seconds: float, unit_per_call: int) -> float:
-  fn()  # warm-up (compilation)
+  fn()  # warm-up: compilation, and again for inputs the first call placed (committed to a device)
+  fn()
   calls, start = 0, time.perf_counter()
   while time.perf_counter() - start < seconds:
     fn()
     calls += 1
   return calls * unit_per_call / (time.perf_counter() - start)
+
+
+def _interleaved_rates(fns, seconds: float, unit_per_call: int, rounds: int = 5):
+  """Rates of several loops measured in alternating slices, so that each sees the same
+  machine load (a shared machine's load drifts over seconds)."""
+  for fn in fns:
+    fn()  # warm-up (compilation)
+  calls, spent = [0] * len(fns), [0.0] * len(fns)
+  for _ in range(rounds):
+    for i, fn in enumerate(fns):
+      start = time.perf_counter()
+      while time.perf_counter() - start < seconds / rounds:
+        fn()
+        calls[i] += 1
+      spent[i] += time.perf_counter() - start
+  return [c * unit_per_call / t for c, t in zip(calls, spent)]
 
 
 def _server(env_spec, block_size: int, max_items: int):
@@ -61,7 +83,6 @@ def bench_actor(args, cfg):
   env_spec = envs.env_spec(env)
   raw_env = envs.make_vector_env(args.env, args.num_envs, seed=0)
   raw_env.reset(seed=0)
-  raw = _rate(lambda: raw_env.step(raw_env.action_space.sample()), args.seconds, args.num_envs)
 
   networks = dqn.make_networks(env_spec, cfg)
   server, address = _server(env_spec, cfg.block_size, 1_000_000)
@@ -69,13 +90,26 @@ def bench_actor(args, cfg):
   blocks = BlockWriter(writer, cfg.block_size)
   policy = LocalPolicy(dqn.make_policy(networks, cfg),
                        VariableClient(_StaticSource(networks.init(jax.random.PRNGKey(0))), 10**9), jax.random.PRNGKey(1))
+  timer = report.PhaseTimer()
   actor = Actor(env, policy, adder=NStepTransitionAdder(args.num_envs, cfg.n_step, cfg.discount),
-                sink=blocks.add)
-  full = _rate(actor.step, args.seconds, args.num_envs)
+                sink=blocks.add, timer=timer, dispatch_ahead=not args.no_dispatch_ahead)
+  for _ in range(50):  # compile, fill the n-step windows
+    actor.step()
+  timer.start()
+  steps_before = actor.env_steps
+  def raw_step():
+    with timer.phase("raw"):  # not the actor's time: left out of its phases below
+      raw_env.step(raw_env.action_space.sample())
+
+  raw, full = _interleaved_rates([raw_step, actor.step], 2 * args.seconds, args.num_envs)
+  timer.stop()
+  vector_steps = (actor.env_steps - steps_before) / args.num_envs
+  phases = {k: 1e6 * v / vector_steps for k, v in sorted(timer.totals().items(), key=lambda kv: -kv[1])
+            if k != "raw"}
   writer.flush()
   items = writer.items_inserted
   server.stop()
-  return raw, full, items
+  return raw, full, items, phases
 
 
 def bench_learner(args, cfg, updates_per_call: int):
@@ -96,14 +130,20 @@ def bench_learner(args, cfg, updates_per_call: int):
     writer.insert(block._replace(action=rng.integers(0, 2, cfg.block_size).astype(np.int32)), 1.0)
   writer.flush()
 
-  sampler = reverb_replay.ReverbItemSampler(address, num_items, block)
-  shuffle = np.random.default_rng(1)
   mesh = sharding.make_mesh(1)
-  batches = PrefetchIterator(  # as the runner does: sample, pool and deal, place sharded on the mesh
-      lambda: (lambda p: p._replace(batch=sharding.put_batch(p.batch, mesh)))(
-          assemble(sampler.sample(), updates_per_call, cfg.batch_size, None, shuffle)), depth=args.prefetch)
+  # The runner's own prefetch path: sample, pool and deal, place sharded on the mesh.
+  exp = ExperimentConfig(env=args.env, updates_per_call=updates_per_call, prefetch=args.prefetch)
+  parts = build_agent_parts("dqn", args.env, cfg)
+  prefetch_timer = report.PhaseTimer()
+  batches = runner.reverb_batches(address, parts, cfg, exp, cfg.batch_size, mesh, timer=prefetch_timer)
   learner = Learner(fns, jax.random.PRNGKey(0), batches, mesh=mesh)
+  learner.step()
+  learner.step()
+  calls_before, before = learner.version, prefetch_timer.totals()  # the thread owns its timer: difference it
   fed = _rate(learner.step, args.seconds, updates_per_call)
+  after = prefetch_timer.totals()
+  phases = {k: 1e3 * (v - before.get(k, 0.0)) / (learner.version - calls_before)
+            for k, v in sorted(after.items(), key=lambda kv: -kv[1])}
 
   fixed = next(batches).batch
   update_many = jax.jit(make_multi_update(fns.update))
@@ -116,7 +156,7 @@ def bench_learner(args, cfg, updates_per_call: int):
   bare = _rate(bare_step, args.seconds, updates_per_call)
   batches.close()
   server.stop()
-  return bare, fed
+  return bare, fed, num_items, phases
 
 
 def main():
@@ -129,19 +169,22 @@ def main():
   parser.add_argument("--block_size", type=int, default=32)
   parser.add_argument("--updates_per_call", default="1,4,16")
   parser.add_argument("--prefetch", type=int, default=2)
+  parser.add_argument("--no_dispatch_ahead", action="store_true", help="the actor asks for actions after its inserts")
   args = parser.parse_args()
   cfg = dqn.Config(batch_size=args.batch_size, block_size=args.block_size,
                    hidden_sizes=tuple(int(h) for h in args.hidden_sizes.split(",")))
 
   print(f"jax devices: {jax.devices()}; {args.env}, {args.num_envs} envs, block {cfg.block_size}, "
         f"MLP {cfg.hidden_sizes}, batch {cfg.batch_size}")
-  raw, full, items = bench_actor(args, cfg)
+  raw, full, items, phases = bench_actor(args, cfg)
   print(f"(a) actor: raw vector env {raw:,.0f} env-steps/s | full actor (policy + adder + Reverb) "
         f"{full:,.0f} env-steps/s | ratio {full / raw:.2f} (target >= 0.5) | {items} items inserted")
+  print("    actor us per vector step: " + ", ".join(f"{k} {v:.0f}" for k, v in phases.items()))
   for u in (int(x) for x in args.updates_per_call.split(",")):
-    bare, fed = bench_learner(args, cfg, u)
+    bare, fed, num_items, phases = bench_learner(args, cfg, u)
     print(f"(b) learner, {u:>2} updates/call: bare jitted {bare:,.0f} updates/s | fed from Reverb {fed:,.0f} updates/s "
           f"({fed * cfg.batch_size:,.0f} samples/s) | ratio {fed / bare:.2f} (target >= 0.8)")
+    print(f"    prefetch thread ms per call ({num_items} items): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
 
 
 if __name__ == "__main__":
