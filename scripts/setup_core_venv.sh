@@ -4,25 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-find_python312() {
-  local candidate
-  for candidate in python3.12 python3 python; do
-    if command -v "$candidate" >/dev/null 2>&1 \
-       && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' >/dev/null 2>&1; then
-      command -v "$candidate"; return 0
-    fi
-  done
-  if command -v pyenv >/dev/null 2>&1; then
-    local root version
-    root="$(pyenv root)"
-    for version in $(ls "$root/versions" 2>/dev/null | grep -E '^3\.12(\.|$)' | sort -V -r); do
-      if [ -x "$root/versions/$version/bin/python" ]; then
-        echo "$root/versions/$version/bin/python"; return 0
-      fi
-    done
-  fi
-  return 1
-}
+# shellcheck source=find_python.sh
+source "scripts/find_python.sh"
 
 STAMP=.venv-core/.jrl-installed
 # The stamp is the text of the lock installed below.
@@ -30,7 +13,7 @@ if [ -f "$STAMP" ] && cmp -s "$STAMP" requirements-core-py312.txt; then
   exit 0
 fi
 
-if ! PYTHON="$(find_python312)"; then
+if ! PYTHON="$(find_python 3.12)"; then
   echo "the jrl core venv needs Python 3.12 (requirements-core-py312.txt is resolved for it); none found on PATH or in pyenv. Install one, e.g. 'pyenv install 3.12.1', then rerun." >&2
   exit 2
 fi

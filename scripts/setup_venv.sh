@@ -4,25 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-find_python310() {
-  local candidate
-  for candidate in python3.10 python3 python; do
-    if command -v "$candidate" >/dev/null 2>&1 \
-       && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 10))' >/dev/null 2>&1; then
-      command -v "$candidate"; return 0
-    fi
-  done
-  if command -v pyenv >/dev/null 2>&1; then
-    local root version
-    root="$(pyenv root)"
-    for version in $(ls "$root/versions" 2>/dev/null | grep -E '^3\.10(\.|$)' | sort -V -r); do
-      if [ -x "$root/versions/$version/bin/python" ]; then
-        echo "$root/versions/$version/bin/python"; return 0
-      fi
-    done
-  fi
-  return 1
-}
+# shellcheck source=find_python.sh
+source "scripts/find_python.sh"
 
 STAMP=.venv/.jrl-installed
 # The stamp is the text of every requirements file installed below.
@@ -31,7 +14,7 @@ if [ -f "$STAMP" ] && stamp_text | cmp -s "$STAMP" -; then
   exit 0
 fi
 
-if ! PYTHON="$(find_python310)"; then
+if ! PYTHON="$(find_python 3.10)"; then
   echo "jrl needs Python 3.10 (dm-launchpad 0.5.2 has no wheels for newer Pythons); none found on PATH or in pyenv. Install one, e.g. 'pyenv install 3.10.13', then rerun." >&2
   exit 2
 fi
