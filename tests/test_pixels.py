@@ -93,7 +93,9 @@ def test_uint8_frames_through_actor_adder_reverb_and_the_seeded_buffer():
   pytest.importorskip("reverb")
   from jrl.replay import reverb_replay
   from jrl.replay.adders import BlockWriter
-  cfg = dqn.Config(block_size=4, min_replay_size=8, max_replay_size=1000, samples_per_insert=1.0, reward_clip=1.0)
+  # One-step transitions: each stored reward is one clipped step reward (n-step sums are tested below).
+  cfg = dqn.Config(block_size=4, min_replay_size=8, max_replay_size=1000, samples_per_insert=1.0, reward_clip=1.0,
+                   n_step=1)
   parts = build_agent_parts("dqn", "ALE/Pong-v5", cfg)
   item = example_item(parts, cfg)
   assert item.observation.dtype == np.uint8 and item.observation.shape == (4, 84, 84, 4)
