@@ -124,10 +124,7 @@ def test_uint8_frames_through_actor_adder_reverb_and_the_seeded_buffer():
     obs = sample.data.observation
     assert obs.dtype == np.uint8 and obs.shape == (8, 4, 84, 84, 4) and obs.max() > 0
     assert obs.nbytes // (8 * 4) == FRAME_BYTES
-    # n-step sums of per-step rewards in {-1, 0, 1}: sum_k c_k gamma^k.
-    gamma = cfg.discount
-    sums = {round(a + gamma * b + gamma ** 2 * c, 4) for a in (-1, 0, 1) for b in (-1, 0, 1) for c in (-1, 0, 1)}
-    assert {round(float(r), 4) for r in np.unique(sample.data.reward)} <= sums
+    assert set(np.unique(sample.data.reward)) <= {-1.0, 0.0, 1.0}
     writer.close()
     env.close()
   finally:
