@@ -74,6 +74,19 @@ def test_shipped_defaults_reach_the_threshold(tmp_path, agent, env, steps, eval_
   assert summary["best_eval_return"] >= summary["reward_threshold"]
 
 
+def test_gaussian_ppo_learns_pendulum(tmp_path):
+  """PPO's Gaussian head on a Box action space: the README's Pendulum flags reach -250 within
+  100k env steps on seed 0 (measured: -204 at 30k, deterministic replay)."""
+  from jrl.agents import ppo
+  exp = ExperimentConfig(agent="ppo", env="Pendulum-v1", seed=0, steps=100_000, deterministic=True,
+                         stop_at_threshold=True, eval_every=10_000, reward_threshold=-250.0,
+                         run_dir=str(tmp_path / "pendulum"), progress_seconds=0)
+  cfg = ppo.Config(sequence_length=128, batch_size=8, num_epochs=10, num_minibatches=16, learning_rate=3e-4,
+                   discount=0.9, entropy_cost=0.0)
+  summary = run(exp, cfg)
+  assert summary["steps_to_threshold"] is not None and summary["best_eval_return"] >= -250.0, summary
+
+
 @pytest.mark.distributed
 def test_ppo_through_a_reverb_queue(tmp_path):
   from jrl.agents import ppo
