@@ -215,3 +215,16 @@ def test_bad_pixel_input_gives_one_line_and_status_2(tmp_path):
     assert proc.returncode == 2 and len(lines) == 1, (name, err)
     assert BAD_PIXEL_INPUTS[name][1] in lines[0], (name, lines)
   assert not (tmp_path / "never").exists()
+
+
+def test_ppo_learns_minatar_breakout(tmp_path):
+  """PPO with MinAtar's small CNN on bool planes reaches a greedy return of 5 within 150k env steps
+  on seed 0 (a random policy scores < 1; measured: 5.4 at 75k, deterministic replay, ~35 s)."""
+  from jrl.experiment.config import ExperimentConfig
+  from jrl.experiment.runner import run
+  exp = ExperimentConfig(agent="ppo", env="MinAtar/Breakout-v1", seed=0, steps=150_000, num_envs=16,
+                         deterministic=True, stop_at_threshold=True, eval_every=25_000, reward_threshold=5.0,
+                         run_dir=str(tmp_path / "minatar"), progress_seconds=0)
+  cfg = ppo.Config(sequence_length=128, batch_size=16, num_epochs=4, num_minibatches=8, learning_rate=5e-4)
+  summary = run(exp, cfg)
+  assert summary["steps_to_threshold"] is not None and summary["best_eval_return"] >= 5.0, summary
