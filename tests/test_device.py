@@ -144,10 +144,10 @@ def test_same_seed_same_bytes_and_chunking_does_not_change_training(tmp_path):
   b = _short_run(tmp_path, "b", "dqn", 2_048)
   c = _short_run(tmp_path, "c", "dqn", 2_048, chunk_steps=512)
   # Samples per insert as the embedded runner: calls due for the transitions written (n-step: n - 1 steps late).
-  from jrl.device.runner import calls_owed
+  from jrl.replay.local import calls_due
   cfg = dqn.Config(min_replay_size=256, epsilon_decay_steps=1_000)
   written = (a["actor_steps"] // 8 - (cfg.n_step - 1)) * 8
-  assert a["learner_steps"] == 4 * calls_owed(written, cfg.replay_spec(), 4 * cfg.batch_size) > 0
+  assert a["learner_steps"] == 4 * calls_due(written, cfg.replay_spec(), 4 * cfg.batch_size) > 0
   assert a["params_digest"] == b["params_digest"] == c["params_digest"]
   untimed = lambda name: [{k: v for k, v in row.items() if k not in ("updates_per_second", "wall_seconds")}
                           for row in _read(tmp_path / name / "metrics" / "learner.csv")]

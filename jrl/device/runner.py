@@ -15,7 +15,7 @@ layouts the embedded runner feeds them.
 
 Samples per insert. The embedded runner makes learner call k due once
 `min_size + (k - 1) * U * B / samples_per_insert` transitions are written
-(`calls_owed`); here the host computes the same count for every vector step of
+(`jrl.replay.calls_due`); here the host computes the same count for every vector step of
 a chunk, with the same formula and exact integers, and hands the per-step
 numbers to the chunk (its `xs`), so step i runs exactly the calls that
 became due at step i. Each call draws `U x B` transitions and runs U updates
@@ -56,6 +56,7 @@ from jrl.experiment.logging import MetricsLogger, Progress, TensorBoard
 from jrl.learners import sharding
 from jrl.learners.learner import make_multi_update, params_digest
 from jrl.policies import save_policy
+from jrl.replay.local import calls_due
 from jrl.types import LearnerBatch, Trajectory
 
 ROLES = ("actor", "learner", "evaluator")
@@ -157,13 +158,6 @@ def make_plan(exp: ExperimentConfig, parts: AgentParts, agent_cfg, num_devices: 
   # Metric rows are cut inside a chunk; evaluations need the host. A run ends on a whole chunk.
   target = chunk_steps or min(exp.eval_every, exp.steps)
   return Plan(spec.sequences, n, rollouts, calls, iteration, max(1, target // iteration), n_step)
-
-
-def calls_owed(written: int, spec, samples_per_call: int) -> int:
-  """The embedded runner's rule: learner calls due once `written` transitions are in replay."""
-  if written < spec.min_size:
-    return 0
-  return int((written - spec.min_size) * spec.samples_per_insert // samples_per_call) + 1
 
 
 def _env_spec(tree, leading):
@@ -467,15 +461,15 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
       return np.zeros(plan.chunk_iterations, np.int32)
     lag = plan.n_step - 1
     written = lambda steps: max(0, steps - lag) * plan.num_envs
-    owed = [calls_owed(written(vector_steps + i), loop.spec, samples_per_call)
+    owed = [calls_due(written(vector_steps + i), loop.spec, samples_per_call)
             for i in range(plan.chunk_iterations + 1)]
     return np.diff(owed).astype(np.int32)
 
   try:
     while env_steps < exp.steps:
       chunk_start = time.monotonic()
-      calls_due = jax.device_put(chunk_schedule(), xs_sharding)
-      carry, ys = compiled_chunk(carry, calls_due)
+      due = jax.device_put(chunk_schedule(), xs_sharding)
+      carry, ys = compiled_chunk(carry, due)
       ys = jax.device_get(ys)
       chunk_wall = time.monotonic() - chunk_start
       loop_seconds += chunk_wall
