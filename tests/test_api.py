@@ -39,6 +39,9 @@ def test_import_jrl_is_light_and_every_public_name_resolves():
                "Trajectory", "LearnerBatch", "ReplaySpec", "load_policy"):
     assert name in jrl.__all__ and name in dir(jrl)
   assert jrl.LocalReplay is LocalReplay and jrl.dqn is dqn
+  # The names the replay package itself offers (jrl.replay.LocalReplay, as in the README).
+  assert jrl.replay.LocalReplay is LocalReplay and jrl.replay.calls_due is jrl.calls_due
+  assert jrl.replay.ReplaySpec is jrl.ReplaySpec and sorted(jrl.replay.__all__) == jrl.replay.__all__
   assert os.path.exists(os.path.join(ROOT, "jrl", "py.typed"))
 
 
