@@ -27,8 +27,9 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jrl.agents import dqn  # noqa: E402
-from jrl.experiment.builder import build_agent_parts, example_transition, make_block_writer  # noqa: E402
+from jrl.experiment.builder import build_agent_parts, example_transition  # noqa: E402
 from jrl.experiment.checkpoint import Checkpointer  # noqa: E402
+from jrl.replay.adders import make_block_writer  # noqa: E402
 from jrl.experiment.config import ExperimentConfig  # noqa: E402
 from jrl.experiment.runner import make_replay, run  # noqa: E402
 from jrl.learners import sharding  # noqa: E402

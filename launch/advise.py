@@ -259,8 +259,8 @@ def measure(agent_name: str, env_id: str, cfg, seconds: float = 0.5, env_sizes: 
   from jrl.actors.actor import Actor, LocalPolicy
   from jrl.actors.variables import VariableClient
   from jrl.experiment import report
-  from jrl.experiment.builder import (build_agent_parts, example_item, items_per_fetch, make_adder, make_assembler,
-                                      make_block_writer)
+  from jrl.experiment.builder import build_agent_parts, example_item, items_per_fetch, make_adder, make_assembler
+  from jrl.replay.adders import make_block_writer
   from jrl.learners import sharding
   from jrl.learners.learner import Learner
   from jrl.experiment.config import ExperimentConfig

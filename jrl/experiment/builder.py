@@ -9,7 +9,7 @@ import numpy as np
 from jrl import envs
 from jrl.agents import get_agent
 from jrl.networks import example_observation
-from jrl.replay.adders import BlockWriter, NStepTransitionAdder, SequenceAdder
+from jrl.replay.adders import make_step_adder
 from jrl.replay.batches import PreparedBatch, assemble, assemble_sequences, items_per_call
 from jrl.replay.buffer import SampledItems
 from jrl.replay.sequence_adder import (START_STATE_KEY, OverlappingSequenceAdder, assemble_sequence_batches,
@@ -93,18 +93,10 @@ def make_adder(spec: ReplaySpec, num_envs: int, agent_cfg):
   """The agent's adder; with the agent's `reward_clip` > 0 (e.g. 1 for Atari), behind a `RewardClipAdder`."""
   if spec.replayed_sequences:
     adder = OverlappingSequenceAdder(num_envs, spec.replay_sequence_length, spec.replay_sequence_period)
-  elif spec.sequences:
-    adder = SequenceAdder(num_envs, spec.sequence_length)
   else:
-    adder = NStepTransitionAdder(num_envs, getattr(agent_cfg, "n_step", 1), agent_cfg.discount)
+    adder = make_step_adder(spec, num_envs, getattr(agent_cfg, "n_step", 1), agent_cfg.discount)
   bound = getattr(agent_cfg, "reward_clip", 0.0)
   return RewardClipAdder(adder, bound) if bound > 0 else adder
-
-
-def make_block_writer(spec: ReplaySpec, writer) -> BlockWriter:
-  if spec.sequences or spec.replayed_sequences:
-    return BlockWriter(writer, 1, squeeze=True)  # one trajectory per item
-  return BlockWriter(writer, spec.block_size)
 
 
 def items_per_fetch(spec: ReplaySpec, updates_per_call: int, batch_size: int) -> int:

@@ -202,3 +202,18 @@ class BlockWriter:
   def restore(self, state: Dict[str, Any]) -> None:
     self._staged, self._num_staged = list(state["staged"]), state["num_staged"]
     self.transitions_written = state["written"]
+
+
+def make_step_adder(spec, num_envs: int, n_step: int = 1, discount: float = 0.99):
+  """The adder a replay spec's items need (`spec` a `jrl.replay.spec.ReplaySpec`): whole
+  sequences [T] with `spec.sequences`, else n-step transitions."""
+  if spec.sequences:
+    return SequenceAdder(num_envs, spec.sequence_length)
+  return NStepTransitionAdder(num_envs, n_step, discount)
+
+
+def make_block_writer(spec, writer: ItemWriter) -> BlockWriter:
+  """Items as the spec stores them: one sequence per item, else blocks of `spec.block_size` transitions."""
+  if spec.sequences or spec.replayed_sequences:
+    return BlockWriter(writer, 1, squeeze=True)
+  return BlockWriter(writer, spec.block_size)

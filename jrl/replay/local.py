@@ -18,7 +18,7 @@ import numpy as np
 
 from jrl.envs import check_same_step_autoreset, final_observations
 from jrl.errors import ConfigError
-from jrl.replay.adders import BlockWriter, NStepTransitionAdder, SequenceAdder
+from jrl.replay.adders import make_block_writer, make_step_adder
 from jrl.replay.batches import PreparedBatch, assemble, item_priorities, items_per_call
 from jrl.replay.buffer import SeededReplayBuffer
 from jrl.replay.spec import ReplaySpec
@@ -66,12 +66,8 @@ class LocalReplay:
     self.batch_size = batch_size
     self._buffer = SeededReplayBuffer(spec, seed)
     self._rng = np.random.default_rng(seed + 1)  # deals sampled transitions into batches
-    if spec.sequences:
-      self._adder: Any = SequenceAdder(num_envs, spec.sequence_length)
-      self._writer = BlockWriter(self._buffer, 1, squeeze=True)
-    else:
-      self._adder = NStepTransitionAdder(num_envs, n_step, discount)
-      self._writer = BlockWriter(self._buffer, spec.block_size)
+    self._adder: Any = make_step_adder(spec, num_envs, n_step, discount)
+    self._writer = make_block_writer(spec, self._buffer)
     self.updates_sampled = 0
     self._last: Optional[PreparedBatch] = None
 
