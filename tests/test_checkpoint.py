@@ -118,15 +118,15 @@ def test_deterministic_run_killed_and_resumed_equals_the_uninterrupted_run(tmp_p
 def test_reverb_run_survives_sigkill_at_random_instants_and_reaches_the_threshold(tmp_path):
   """Five SIGKILLs, alternately while a checkpoint is being written and at a random
   moment after one was committed; after each, every checkpoint left restores and the
-  counters never went back. The last session finishes the budget (the threshold, or 100k
-  env steps); DQN still solves CartPole."""
+  counters never went back. The last session, resumed with --stop_at_threshold, finishes the
+  budget (the threshold, or 100k env steps); DQN still solves CartPole."""
   rng = np.random.default_rng(0)
   run_dir = str(tmp_path / "survivor")
   checkpoints = os.path.join(run_dir, "checkpoints")
-  # Budget: until the threshold, at most 100k env steps (Reverb runs are not deterministic;
-  # seed 0 has reached 475 between 30k and 50k steps).
-  base = ["--seed", "0", "--steps", "100000", "--stop_at_threshold", "--checkpoint_every_steps", "2500",
-          "--progress_seconds", "0"]
+  # Budget: at most 100k env steps (Reverb runs are not deterministic; seed 0 has reached 475
+  # between 30k and 50k steps). The killed sessions do not stop at the threshold, so none can
+  # end before its kill; the last session does.
+  base = ["--seed", "0", "--steps", "100000", "--checkpoint_every_steps", "2500", "--progress_seconds", "0"]
   cfg = dqn.Config()
   template = dqn.make_learner(build_agent_parts("dqn", "CartPole-v1", cfg).networks, cfg).init(jax.random.PRNGKey(0))
   history = []
@@ -153,8 +153,8 @@ def test_reverb_run_survives_sigkill_at_random_instants_and_reaches_the_threshol
     assert after["actor_steps"] >= before["actor_steps"] and after["learner_steps"] >= before["learner_steps"]
   assert history and history[-1]["actor_steps"] > 0
 
-  final = subprocess.run([sys.executable, "-m", "launch.train", "--resume", run_dir], cwd=ROOT, text=True,
-                         capture_output=True, timeout=900)
+  final = subprocess.run([sys.executable, "-m", "launch.train", "--resume", run_dir, "--stop_at_threshold"],
+                         cwd=ROOT, text=True, capture_output=True, timeout=900)
   assert final.returncode == 0, final.stderr[-3000:]
   summary = json.load(open(os.path.join(run_dir, "summary.json")))
   assert summary["actor_steps"] >= history[-1]["actor_steps"] and summary["learner_steps"] >= history[-1]["learner_steps"]
