@@ -46,7 +46,7 @@ class Outcome(NamedTuple):
 def parse_args(argv: Sequence[str]):
   """(sweep args, train flags) after checking both; exits 2 with one line on bad input."""
   from jrl.errors import ConfigError
-  from jrl.experiment import sweep_report
+  from jrl.experiment import files, sweep_report
   parser = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--agent", default="dqn", help="agent name or module (default dqn)")
   parser.add_argument("--env", default="CartPole-v1", help="env id (default CartPole-v1)")
@@ -67,7 +67,8 @@ def parse_args(argv: Sequence[str]):
       name = token[2:].split("=", 1)[0] if token.startswith("--") else ""
       if name in _OWNED:
         raise ConfigError(name, "is set by the sweep for each seed (use --seeds and the sweep's --run_dir)")
-    args.run_dir = args.run_dir or time.strftime(f"runs/sweep-{args.agent}-{args.env}-%Y%m%d-%H%M%S")
+    if not args.run_dir:
+      args.run_dir = "runs/" + files.path_safe(time.strftime(f"sweep-{args.agent}-{args.env}-%Y%m%d-%H%M%S"))
     if os.path.exists(args.run_dir) and not os.path.isdir(args.run_dir):
       raise ConfigError("run_dir", f"'{args.run_dir}' is an existing file, not a folder")
     if os.path.isfile(os.path.join(args.run_dir, "config.json")):

@@ -106,6 +106,13 @@ def test_custom_agent_and_env_factory_through_the_command_line(tmp_path):
   assert actions.shape == (5,) and set(np.unique(actions)) <= {0, 1}
 
 
+def test_default_run_dirs_of_module_references_are_path_safe():
+  from jrl.experiment.config import ExperimentConfig
+  name = ExperimentConfig(agent="examples.my_agent", env="examples.envs:masked_cartpole", seed=3).default_run_dir()
+  assert name.startswith("runs/examples.my_agent-examples.envs_masked_cartpole-s3-") and ":" not in name
+  assert ExperimentConfig(env="gymnax:CartPole-v1").default_run_dir().startswith("runs/dqn-gymnax_CartPole-v1-s0-")
+
+
 @pytest.mark.distributed
 def test_custom_agent_and_env_factory_distributed(tmp_path):
   run_dir = tmp_path / "run"

@@ -5,6 +5,7 @@ import time
 from typing import Optional
 
 from jrl.errors import ConfigError
+from jrl.experiment.files import path_safe
 
 
 # Fields one mode of run cannot honour; given explicitly in the other mode they are an error.
@@ -119,4 +120,4 @@ class ExperimentConfig:
         raise ConfigError(name, "applies to --distributed runs only")
 
   def default_run_dir(self) -> str:
-    return f"runs/{self.agent}-{self.env}-s{self.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return "runs/" + path_safe(f"{self.agent}-{self.env}-s{self.seed}-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -8,6 +8,7 @@ torn one.
 import dataclasses
 import json
 import os
+import re
 import tempfile
 from typing import Any, Dict
 
@@ -17,6 +18,13 @@ CONFIG_FILE = "config.json"
 SUMMARY_FILE = "summary.json"
 CHECKPOINTS_DIR = "checkpoints"
 POLICIES_DIR = "policies"
+
+
+def path_safe(name: str) -> str:
+  """`name` with characters outside [A-Za-z0-9._-] replaced by '_': folder names made of agent
+  and env references (`examples.envs:masked_cartpole`, `gymnax:CartPole-v1`) keep no ':' or '/'
+  (TensorBoard reads `name:path` in --logdir_spec; PYTHONPATH splits on ':')."""
+  return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
 def _json_default(value):

@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Se
 import numpy as np
 
 from jrl.errors import ConfigError
+from jrl.experiment.files import path_safe
 
 SWEEP_FILE = "sweep.json"      # written by launch.sweep: the seeds, their run dirs and outcomes
 REPORT_MD = "report.md"
@@ -86,9 +87,8 @@ def parse_seeds(text: str) -> List[int]:
 
 
 def run_dir_name(agent: str, env: str, seed: int) -> str:
-  """A sweep's folder for one seed: `<agent>-<env>-s<seed>`, with characters outside
-  [A-Za-z0-9._-] (e.g. the ':' of `gymnax:CartPole-v1`) replaced by '_'."""
-  return re.sub(r"[^A-Za-z0-9._-]", "_", f"{agent}-{env}-s{seed}")
+  """A sweep's folder for one seed: `<agent>-<env>-s<seed>`, made path-safe (`files.path_safe`)."""
+  return path_safe(f"{agent}-{env}-s{seed}")
 
 
 def group_runs(runs: Sequence[Run]) -> Dict[Group, List[Run]]:
