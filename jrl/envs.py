@@ -171,6 +171,8 @@ class EpisodeTracker:
   def update(self, reward: np.ndarray, done: np.ndarray) -> EpisodeStats:
     self._returns += reward
     self._lengths += 1
+    if not done.any():  # most steps (the actor's hot path)
+      return EpisodeStats([], [])
     ended = np.flatnonzero(done)
     stats = EpisodeStats([float(x) for x in self._returns[ended]],
                          [int(x) for x in self._lengths[ended]])
