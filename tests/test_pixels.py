@@ -15,7 +15,7 @@ from jrl import envs
 from jrl.actors.actor import Actor, LocalPolicy
 from jrl.actors.inference import BatchedInference, InferenceClient, encode
 from jrl.actors.variables import VariableClient
-from jrl.agents import dqn, impala, ppo
+from jrl.agents import dqn, impala, ppo, r2d2
 from jrl.agents.actor_critic import gaussian
 from jrl.experiment.builder import RewardClipAdder, build_agent_parts, example_item, make_adder
 from jrl.replay.adders import NStepTransitionAdder
@@ -75,6 +75,12 @@ def test_torsos_are_picked_from_the_observation_shape():
   atari = build_agent_parts("ppo", "ALE/Pong-v5", ppo.Config())
   params = jax.eval_shape(atari.networks.init, jax.random.PRNGKey(0))["params"]
   assert params["torso"]["Conv_0"]["kernel"].shape == (8, 8, 4, 32)  # Nature CNN
+  recurrent = build_agent_parts("r2d2", "MinAtar/Breakout-v1", r2d2.Config())
+  params = jax.eval_shape(recurrent.networks.init, jax.random.PRNGKey(0))["params"]
+  assert params["torso"]["Conv_0"]["kernel"].shape == (3, 3, 4, 16)  # R2D2 too
+  q, core = recurrent.networks.apply(recurrent.networks.init(jax.random.PRNGKey(0)), jnp.ones((2, 10, 10, 4), bool),
+                                     recurrent.networks.initial_state(2))
+  assert q.shape == (2, 3) and core.shape == (2, 2 * r2d2.Config().lstm_size)
   resnet = build_agent_parts("impala", "MinAtar/Breakout-v1", impala.Config(torso="impala_resnet"))
   logits, value = resnet.networks.apply(resnet.networks.init(jax.random.PRNGKey(0)),
                                         jnp.ones((2, 10, 10, 4), bool))

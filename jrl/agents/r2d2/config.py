@@ -4,6 +4,7 @@ import dataclasses
 from typing import Tuple
 
 from jrl.errors import ConfigError
+from jrl.networks import TORSOS
 from jrl.replay.spec import ReplaySpec
 
 
@@ -30,8 +31,9 @@ class Config:
   adam_eps: float = 1e-3
   max_grad_norm: float = 10.0
   batch_size: int = 32              # sequences per update
-  # Network: torso (MLP), LSTM core, linear Q head.
-  hidden_sizes: Tuple[int, ...] = (64,)
+  # Network: torso, LSTM core, linear Q head.
+  torso: str = "auto"               # auto (by observation shape), mlp, nature_cnn, impala_resnet, small_cnn
+  hidden_sizes: Tuple[int, ...] = (64,)  # the MLP torso's layers
   lstm_size: int = 64
   # Exploration (counted in env steps of one actor).
   epsilon_init: float = 1.0
@@ -66,6 +68,8 @@ class Config:
         raise ConfigError(name, f"must be in [0, 1], got {value}")
     if not self.hidden_sizes or any(h <= 0 for h in self.hidden_sizes):
       raise ConfigError("hidden_sizes", f"must be non-empty positive sizes, got {self.hidden_sizes}")
+    if self.torso not in TORSOS:
+      raise ConfigError("torso", f"unknown torso '{self.torso}' (one of {', '.join(TORSOS)})")
     self.replay_spec()  # validates the replay fields
 
   def replay_spec(self) -> ReplaySpec:

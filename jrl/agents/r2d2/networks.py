@@ -1,4 +1,5 @@
-"""R2D2 networks: a torso (MLP by default, or any flax module), an LSTM core and a Q head.
+"""R2D2 networks: a torso (`cfg.torso`: an MLP for vectors, a CNN for frames; or any flax
+module), an LSTM core and a Q head.
 
 The core state travels flattened, `[B, 2 * lstm_size]` (the LSTM's cell and hidden
 halves), so that it fits in a policy's extras and a replay item as one array.
@@ -12,7 +13,7 @@ import jax.numpy as jnp
 
 from jrl.agents.r2d2.config import Config
 from jrl.errors import ConfigError
-from jrl.networks import MLP
+from jrl.networks import MLP, example_observation, make_torso
 from jrl.specs import EnvSpec
 from jrl.types import Array, Params, PRNGKey
 
@@ -54,14 +55,16 @@ def unroll(networks: Networks, params: Params, obs: Array, reset: Array, state: 
 
 
 def make_networks(spec: EnvSpec, cfg: Config, module: Optional[nn.Module] = None) -> Networks:
-  """`module`: the torso (obs [B, ...] -> features [B, F]); default an MLP of `cfg.hidden_sizes`."""
+  """`module`: the torso (obs [B, ...] -> features [B, F]); None: `cfg.torso` (an MLP of
+  `cfg.hidden_sizes` for vectors, a CNN for frames)."""
   if not spec.discrete:
     raise ConfigError("agent", f"r2d2 needs a Discrete action space, the env has a continuous one "
                                f"(Box of shape {spec.action_shape})")
-  torso = module if module is not None else MLP(tuple(cfg.hidden_sizes))
+  torso = module if module is not None else (make_torso(cfg.torso, spec.observation_shape, cfg.hidden_sizes)
+                                            or MLP(tuple(cfg.hidden_sizes)))
   net = RecurrentQNetwork(num_actions=spec.num_actions, lstm_size=cfg.lstm_size, torso=torso)
   size = 2 * cfg.lstm_size
   initial_state = lambda batch: jnp.zeros((batch, size), jnp.float32)
-  dummy = jnp.zeros((1,) + spec.observation_shape, jnp.float32)
+  dummy = example_observation(spec)
   return Networks(init=lambda key: net.init(key, dummy, initial_state(1)), apply=net.apply,
                   initial_state=initial_state, state_size=size)
