@@ -16,16 +16,27 @@ import numpy as np
 from jrl.errors import ConfigError
 
 
-def check_renders(env_id: str) -> int:
-  """The env's frames per second; ConfigError if it cannot render `rgb_array` frames."""
+def check_renders(env_id) -> int:
+  """The env's frames per second; ConfigError("video") if it cannot render `rgb_array` frames.
+  `env_id`: anything the evaluator takes (a gymnasium id, a pixel preset, an env factory or
+  `pkg.module:function`); the env is made as the evaluator will make it."""
+  from jrl.envs import make_vector_env
   os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # rgb_array needs no display; quiets SDL
   try:
-    env = gym.make(env_id, render_mode="rgb_array")
+    env = make_vector_env(env_id, 1, seed=0, evaluation=True, render_mode="rgb_array")
+  except ConfigError:
+    raise
   except Exception as e:  # gymnasium raises its own errors, or ImportError without pygame
     raise ConfigError("video", f"{env_id} cannot render rgb_array frames ({type(e).__name__}: {e})") from e
-  fps = env.metadata.get("render_fps") or 30
-  env.close()
-  return int(fps)
+  try:
+    one = env.envs[0]
+    frame = one.render()
+    if not (isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[-1] == 3):
+      raise ConfigError("video", f"{env_id} renders {type(frame).__name__ if frame is None else frame.shape}, not "
+                                 "rgb_array frames [H, W, 3] (does it take render_mode='rgb_array'?)")
+    return int(one.metadata.get("render_fps") or 30)
+  finally:
+    env.close()
 
 
 class Mp4Writer:

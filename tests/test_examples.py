@@ -104,6 +104,12 @@ def test_custom_agent_and_env_factory_through_the_command_line(tmp_path):
   policy = jrl.load_policy(str(run_dir), "final")
   actions = policy(np.zeros((5, 2), np.float32))
   assert actions.shape == (5,) and set(np.unique(actions)) <= {0, 1}
+  # A video of the factory's env: frames rendered through the factory (render_mode passed on).
+  video = tmp_path / "masked.mp4"
+  out = subprocess.run([sys.executable, "-m", "launch.evaluate", str(run_dir), "--episodes", "1", "--video", str(video)],
+                       cwd=ROOT, text=True, capture_output=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert video.read_bytes()[4:8] == b"ftyp" and "frames 600x400" in out.stdout, out.stdout
 
 
 def test_default_run_dirs_of_module_references_are_path_safe():
