@@ -22,10 +22,9 @@ from jrl.actors.actor import Actor, LocalPolicy
 from jrl.actors.variables import VariableClient
 from jrl.agents import dqn
 from jrl.experiment import report
-from jrl.experiment.builder import make_assembler
 from jrl.learners.learner import Learner
 from jrl.replay.adders import BlockWriter, NStepTransitionAdder
-from jrl.replay.batches import items_per_call
+from jrl.replay.batches import items_per_call, make_assembler
 from jrl.replay.buffer import SeededReplayBuffer
 
 

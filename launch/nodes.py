@@ -36,7 +36,7 @@ from jrl.actors.variables import VariableClient
 from jrl.errors import Stopped
 from jrl.experiment import plots, report
 from jrl.experiment.bookkeeping import EvalHistory
-from jrl.experiment.builder import build_agent_parts, example_item, items_per_fetch, make_adder, success_threshold
+from jrl.experiment.builder import build_agent_parts, example_item, make_adder, success_threshold
 from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import CHECKPOINTS_DIR, SUMMARY_FILE, write_json
@@ -48,6 +48,7 @@ from jrl.policies import save_policy
 from jrl.outage import Outage, ServiceLost
 from jrl.replay import reverb_replay
 from jrl.replay.adders import make_block_writer
+from jrl.replay.batches import items_per_fetch
 from launch.supervisor import INCARNATION_ENV, RUN_DIR_ENV
 
 LOG_SECONDS = 1.0

@@ -16,11 +16,16 @@ import pytest
 import jrl
 from examples.envs import masked_cartpole
 from jrl import dqn, impala, ppo, r2d2, sac
-from jrl.envs import make_vector_env
+from jrl.envs import final_observations, make_vector_env
 from jrl.errors import ConfigError
+from jrl.experiment.builder import make_adder
 from jrl.learners.learner import make_multi_update, params_digest
 from jrl.networks import QNetwork
+from jrl.replay.adders import make_block_writer
+from jrl.replay.batches import make_assembler
+from jrl.replay.buffer import SeededReplayBuffer
 from jrl.replay.local import LocalReplay, calls_due
+from jrl.replay.sequence_adder import START_STATE_KEY
 from jrl.replay.spec import ReplaySpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -95,13 +100,24 @@ AGENT_CASES = {
     "ppo": (ppo, ppo.Config(batch_size=4, sequence_length=16, num_minibatches=2, num_epochs=1, hidden_sizes=(16,)),
             "CartPole-v1", 32),
     "impala": (impala, impala.Config(batch_size=4, sequence_length=16, hidden_sizes=(16,)), "CartPole-v1", 32),
+    "r2d2": (r2d2, r2d2.Config(batch_size=4, sequence_length=8, sequence_period=4, burn_in=2, min_replay_size=8,
+                               lstm_size=16, hidden_sizes=(16,)), "CartPole-v1", 24),
 }
+R2D2_CORE = 2 * AGENT_CASES["r2d2"][1].lstm_size
+
+
+def _extras_fn(name):
+  if name in ("ppo", "impala"):
+    return _uniform_behaviour(2)
+  if name == "r2d2":  # a recurrent policy reports the core state each step started from
+    return lambda a: {START_STATE_KEY: np.full((len(a), R2D2_CORE), 0.5, np.float32)}
+  return None
 
 
 def _batches(name, updates):
   agent, cfg, env_id, vector_steps = AGENT_CASES[name]
   replay = LocalReplay.for_agent(cfg, num_envs=8, seed=3)
-  _random_steps(replay, env_id, 8, vector_steps, _uniform_behaviour(2) if name in ("ppo", "impala") else None)
+  _random_steps(replay, env_id, 8, vector_steps, _extras_fn(name))
   assert replay.updates_due() >= updates
   return agent, cfg, env_id, replay.sample(updates)
 
@@ -218,6 +234,35 @@ def test_local_replay_same_seed_same_batches_and_sequences():
   assert batch.transitions.observation.shape == (2, 4, 8, 4)
   assert batch.transitions.extras["log_prob"].shape == (2, 4, 8)
   assert replay.updates_due() == 1
+
+
+def test_local_replay_makes_r2d2_sequences_as_the_runner_does():
+  """R2D2's overlapping sequences: the same batches as the embedded runner's own pieces
+  (seeded buffer, adder, block writer, assembler), and priorities go back to their items."""
+  _, cfg, env_id, _ = AGENT_CASES["r2d2"]
+  replay = LocalReplay.for_agent(cfg, num_envs=8, seed=3)
+  _random_steps(replay, env_id, 8, 24, _extras_fn("r2d2"))
+  assert replay.rows == 8 * 5  # sequences of 8 complete at steps 8, 12, 16, 20, 24
+  spec = cfg.replay_spec()
+  buffer = SeededReplayBuffer(spec, seed=3)
+  writer = make_block_writer(spec, buffer)
+  adder = make_adder(spec, 8, cfg)
+  env = make_vector_env(env_id, 8, 0)
+  obs, _ = env.reset(seed=0)
+  for _ in range(24):
+    action = env.action_space.sample()
+    next_obs, reward, terminated, truncated, info = env.step(action)
+    done = np.logical_or(terminated, truncated)
+    writer.add(adder.add(obs, action, np.asarray(reward, np.float32), terminated, truncated,
+                         final_observations(next_obs, done, info), _extras_fn("r2d2")(action)))
+    obs = next_obs
+  want = make_assembler(spec, 2, cfg.batch_size, np.random.default_rng(4))(buffer.sample(2 * cfg.batch_size))
+  got = replay.sample(2)
+  assert got.transitions.observation.shape == (2, 4, 8, 4) and got.transitions.start_state.shape == (2, 4, R2D2_CORE)
+  for leaf_got, leaf_want in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want.batch)):
+    np.testing.assert_array_equal(leaf_got, leaf_want)
+  replay.update_priorities(np.full((2, 4), 3.0))
+  assert replay.updates_due() > 0
 
 
 # --- Env factories -----------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The agent's pieces for an experiment, shared by the embedded runner and distributed nodes."""
 
-from typing import Any, Callable, Dict, NamedTuple, Optional
+from typing import Any, Dict, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -10,10 +10,8 @@ from jrl import envs
 from jrl.agents import get_agent
 from jrl.networks import example_observation
 from jrl.replay.adders import make_step_adder
-from jrl.replay.batches import PreparedBatch, assemble, assemble_sequences, items_per_call
-from jrl.replay.buffer import SampledItems
-from jrl.replay.sequence_adder import (START_STATE_KEY, OverlappingSequenceAdder, assemble_sequence_batches,
-                                       example_sequence)
+from jrl.replay.batches import items_per_fetch, make_assembler  # noqa: F401 (names the runner and nodes use)
+from jrl.replay.sequence_adder import START_STATE_KEY, example_sequence
 from jrl.replay.spec import ReplaySpec
 from jrl.specs import EnvSpec
 from jrl.types import Trajectory, Transition
@@ -91,26 +89,6 @@ class RewardClipAdder:
 
 def make_adder(spec: ReplaySpec, num_envs: int, agent_cfg):
   """The agent's adder; with the agent's `reward_clip` > 0 (e.g. 1 for Atari), behind a `RewardClipAdder`."""
-  if spec.replayed_sequences:
-    adder = OverlappingSequenceAdder(num_envs, spec.replay_sequence_length, spec.replay_sequence_period)
-  else:
-    adder = make_step_adder(spec, num_envs, getattr(agent_cfg, "n_step", 1), agent_cfg.discount)
+  adder = make_step_adder(spec, num_envs, getattr(agent_cfg, "n_step", 1), agent_cfg.discount)
   bound = getattr(agent_cfg, "reward_clip", 0.0)
   return RewardClipAdder(adder, bound) if bound > 0 else adder
-
-
-def items_per_fetch(spec: ReplaySpec, updates_per_call: int, batch_size: int) -> int:
-  """Items one learner call consumes: whole sequences, or enough transition blocks."""
-  if spec.replayed_sequences:
-    return updates_per_call * batch_size
-  return batch_size if spec.sequences else items_per_call(updates_per_call, batch_size, spec.block_size)
-
-
-def make_assembler(spec: ReplaySpec, updates_per_call: int, batch_size: int,
-                   rng: np.random.Generator) -> Callable[[SampledItems], PreparedBatch]:
-  if spec.sequences:
-    return lambda sampled: assemble_sequences(sampled, batch_size)
-  importance = spec.importance_exponent if spec.prioritized else None
-  if spec.replayed_sequences:
-    return lambda sampled: assemble_sequence_batches(sampled, updates_per_call, batch_size, importance)
-  return lambda sampled: assemble(sampled, updates_per_call, batch_size, importance, rng)

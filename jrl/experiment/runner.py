@@ -28,8 +28,7 @@ from jrl.actors.evaluator import Evaluator
 from jrl.actors.variables import VariableClient
 from jrl.experiment import plots, report
 from jrl.experiment.bookkeeping import EvalHistory
-from jrl.experiment.builder import (build_agent_parts, example_item, items_per_fetch, make_adder, make_assembler,
-                                    success_threshold)
+from jrl.experiment.builder import build_agent_parts, example_item, make_adder, success_threshold
 from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule, checkpoint_to_resume
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import (CHECKPOINTS_DIR, CONFIG_FILE, SUMMARY_FILE, check_run_dir_target, config_payload,
@@ -39,7 +38,7 @@ from jrl.learners import distributed, sharding
 from jrl.learners.learner import Learner, params_digest
 from jrl.policies import save_policy
 from jrl.replay.adders import make_block_writer
-from jrl.replay.batches import PrefetchIterator, PreparedBatch
+from jrl.replay.batches import PrefetchIterator, PreparedBatch, items_per_fetch, make_assembler
 from jrl.replay.buffer import SeededReplayBuffer
 from jrl.replay.local import calls_due
 

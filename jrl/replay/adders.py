@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional, Protocol
 import jax
 import numpy as np
 
+from jrl.replay.sequence_adder import OverlappingSequenceAdder
 from jrl.types import Trajectory, Transition
 
 
@@ -206,9 +207,12 @@ class BlockWriter:
 
 def make_step_adder(spec, num_envs: int, n_step: int = 1, discount: float = 0.99):
   """The adder a replay spec's items need (`spec` a `jrl.replay.spec.ReplaySpec`): whole
-  sequences [T] with `spec.sequences`, else n-step transitions."""
+  sequences [T] with `spec.sequences`, overlapping sequences with their start state with
+  `spec.replayed_sequences` (R2D2), else n-step transitions."""
   if spec.sequences:
     return SequenceAdder(num_envs, spec.sequence_length)
+  if spec.replayed_sequences:
+    return OverlappingSequenceAdder(num_envs, spec.replay_sequence_length, spec.replay_sequence_period)
   return NStepTransitionAdder(num_envs, n_step, discount)
 
 

@@ -67,6 +67,46 @@ def assemble_sequences(sampled: SampledItems, batch_size: int) -> PreparedBatch:
                        np.arange(batch_size)[None])
 
 
+def assemble_sequence_batches(sampled: SampledItems, updates_per_call: int, batch_size: int,
+                              importance_exponent: Optional[float]):
+  """U x B sampled sequences as one learner call: leaves [U, B, T, ...] (batch-major, as the
+  shell shards axis 1), importance weights [U, B] normalised per batch (1 for uniform replay).
+
+  `sampled` holds U * B items; each row is its own item,
+  so the learner's per-row priorities are the items' priorities.
+  """
+  lead = (updates_per_call, batch_size)
+  needed = updates_per_call * batch_size
+  if len(sampled.keys) < needed:
+    raise ValueError(f"{len(sampled.keys)} sequences cannot fill {updates_per_call} batches of {batch_size}")
+  data = jax.tree_util.tree_map(lambda x: x[:needed].reshape(lead + x.shape[1:]), sampled.data)
+  if importance_exponent is None:
+    weights = np.ones(lead, np.float32)
+  else:
+    weights = (sampled.table_size * sampled.probabilities[:needed].reshape(lead)) ** (-importance_exponent)
+    weights = (weights / weights.max(axis=1, keepdims=True)).astype(np.float32)
+  return PreparedBatch(LearnerBatch(data, weights), sampled.keys[:needed], np.arange(needed).reshape(lead))
+
+
+def items_per_fetch(spec, updates_per_call: int, batch_size: int) -> int:
+  """Items one learner call consumes (`spec` a `jrl.replay.spec.ReplaySpec`): U x B replayed
+  sequences (R2D2), B on-policy sequences, or enough transition blocks for U x B transitions."""
+  if spec.replayed_sequences:
+    return updates_per_call * batch_size
+  return batch_size if spec.sequences else items_per_call(updates_per_call, batch_size, spec.block_size)
+
+
+def make_assembler(spec, updates_per_call: int, batch_size: int,
+                   rng: np.random.Generator) -> Callable[[SampledItems], PreparedBatch]:
+  """Sampled items (`items_per_fetch` of them) -> one learner call's PreparedBatch, as the spec's items need."""
+  if spec.sequences:
+    return lambda sampled: assemble_sequences(sampled, batch_size)
+  importance = spec.importance_exponent if spec.prioritized else None
+  if spec.replayed_sequences:
+    return lambda sampled: assemble_sequence_batches(sampled, updates_per_call, batch_size, importance)
+  return lambda sampled: assemble(sampled, updates_per_call, batch_size, importance, rng)
+
+
 def item_priorities(td_abs: np.ndarray, item_keys: np.ndarray, item_index: np.ndarray) -> Dict[int, float]:
   """Per-item priority from the |TD| of its sampled transitions: 0.9 max + 0.1 mean."""
   flat_idx = item_index.reshape(-1)

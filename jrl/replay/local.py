@@ -19,7 +19,7 @@ import numpy as np
 from jrl.envs import check_same_step_autoreset, final_observations
 from jrl.errors import ConfigError
 from jrl.replay.adders import make_block_writer, make_step_adder
-from jrl.replay.batches import PreparedBatch, assemble, item_priorities, items_per_call
+from jrl.replay.batches import PreparedBatch, item_priorities, items_per_fetch, make_assembler
 from jrl.replay.buffer import SeededReplayBuffer
 from jrl.replay.spec import ReplaySpec
 from jrl.types import LearnerBatch
@@ -47,16 +47,15 @@ class LocalReplay:
   does; pass `env` to have it checked at once, else the first episode end without
   `info["final_obs"]` is refused, before any transition across it is written).
   Transitions are n-step (`n_step`, `discount`: sum_{k<n} gamma^k r, gamma^n or 0 at
-  termination); with `spec.sequences` items are trajectories [T] of `spec.sequence_length`.
+  termination); with `spec.sequences` items are trajectories [T] of `spec.sequence_length`;
+  with `spec.replayed_sequences` (R2D2) overlapping sequences that start with the policy's
+  core state, which `add` takes from `extras[START_STATE_KEY]`.
   """
 
   def __init__(self, spec: ReplaySpec, num_envs: int, seed: int, *, batch_size: int, n_step: int = 1,
                discount: float = 0.99, env: Optional[gym.vector.VectorEnv] = None):
     if batch_size <= 0:
       raise ConfigError("batch_size", f"must be > 0, got {batch_size}")
-    if getattr(spec, "replayed_sequences", False):
-      raise ConfigError("agent", "LocalReplay does not make overlapping replayed sequences (R2D2); "
-                                 "use the embedded runner")
     if env is not None:
       check_same_step_autoreset(env)
       if env.num_envs != num_envs:
@@ -121,10 +120,9 @@ class LocalReplay:
       data = jax.tree_util.tree_map(lambda x: x.reshape((updates, b) + x.shape[1:]), sampled.data)
       prepared = PreparedBatch(LearnerBatch(data, np.ones((updates, b), np.float32)), sampled.keys,
                                np.arange(updates * b).reshape(updates, b))
-    else:
-      sampled = self._buffer.sample(items_per_call(updates, b, spec.block_size))
-      importance = spec.importance_exponent if spec.prioritized else None
-      prepared = assemble(sampled, updates, b, importance, self._rng)
+    else:  # transitions dealt from pooled blocks, or replayed sequences (R2D2) as sampled
+      sampled = self._buffer.sample(items_per_fetch(spec, updates, b))
+      prepared = make_assembler(spec, updates, b, self._rng)(sampled)
     self.updates_sampled += updates
     self._last = prepared
     return prepared.batch

@@ -1,19 +1,16 @@
-"""Overlapping sequences with the recurrent state at their start (R2D2's replay items),
-and their learner batches.
+"""Overlapping sequences with the recurrent state at their start (R2D2's replay items);
+their learner batches are `jrl.replay.batches.assemble_sequence_batches`.
 
 Pure numpy and independent of the replay backend, like `jrl.replay.adders`.
 """
 
 import collections
-from typing import Any, Dict, NamedTuple, Optional
+from typing import Dict, NamedTuple, Optional
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jrl.replay.batches import PreparedBatch
-from jrl.replay.buffer import SampledItems
-from jrl.types import Array, LearnerBatch
+from jrl.types import Array
 
 # The extras key under which a recurrent policy reports, for each env, the core state it
 # started the step from (after the reset at an episode start), flattened to [B, S].
@@ -89,24 +86,3 @@ class OverlappingSequenceAdder:
     first = self._steps[0]
     return RecurrentSequence(*[np.zeros((0, self._length) + x.shape[1:], x.dtype) for x in first[:6]],
                              start_state=np.zeros((0,) + first[6].shape[1:], first[6].dtype))
-
-
-def assemble_sequence_batches(sampled: SampledItems, updates_per_call: int, batch_size: int,
-                              importance_exponent: Optional[float]):
-  """U x B sampled sequences as one learner call: leaves [U, B, T, ...] (batch-major, as the
-  shell shards axis 1), importance weights [U, B] normalised per batch (1 for uniform replay).
-
-  `sampled` holds U * B items; each row is its own item,
-  so the learner's per-row priorities are the items' priorities.
-  """
-  lead = (updates_per_call, batch_size)
-  needed = updates_per_call * batch_size
-  if len(sampled.keys) < needed:
-    raise ValueError(f"{len(sampled.keys)} sequences cannot fill {updates_per_call} batches of {batch_size}")
-  data = jax.tree_util.tree_map(lambda x: x[:needed].reshape(lead + x.shape[1:]), sampled.data)
-  if importance_exponent is None:
-    weights = np.ones(lead, np.float32)
-  else:
-    weights = (sampled.table_size * sampled.probabilities[:needed].reshape(lead)) ** (-importance_exponent)
-    weights = (weights / weights.max(axis=1, keepdims=True)).astype(np.float32)
-  return PreparedBatch(LearnerBatch(data, weights), sampled.keys[:needed], np.arange(needed).reshape(lead))
