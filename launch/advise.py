@@ -4,7 +4,7 @@
                           [--rpc_ms 1.0] [--any_agent_field VALUE ...]
 
 It measures, with the library's own pieces (the actor shell and its phase timer, the jitted
-policy, the learner shell, Reverb inserts and the sampler), on this machine:
+policy, the learner shell, Reverb inserts and the runner's batch prefetching), on this machine:
 
   env        seconds per vector step of n envs, for several n (env bookkeeping included)
   policy     seconds per policy call on a batch of b observations, for several b
@@ -13,6 +13,12 @@ policy, the learner shell, Reverb inserts and the sampler), on this machine:
   learner    seconds per learner call of U updates fed from Reverb through the prefetch
              thread, as the runner feeds it (wall and CPU), and per sample (+ batch assembly
              and placement) of one call's items alone, for several U
+
+each twice: with the Reverb server in this process, as an embedded run has it (Reverb then
+skips gRPC), and in a replay process of its own, as a distributed program has it (every insert
+and sample crosses gRPC, which costs both processes CPU; the replay process's CPU is measured
+too). Without Reverb (a core install) it measures the seeded buffer of a --deterministic run,
+whose batches are drawn in the learner's thread, and considers only embedded runs.
 
 and predicts the env-steps/s of the training loop (evaluation, checkpoints and compilation
 left out) for each candidate topology: embedded (one process), or --distributed with A
@@ -24,15 +30,17 @@ The model (`predict`, pure, tested on hand-made costs) per env step:
 
   embedded   main thread:  (env(n) + policy(n)) / n + insert + c(U) * learner(U)
              prefetch thread: c(U) * sample(U), in parallel when there are 2+ cores
+             (in the main thread too without Reverb: a --deterministic run has no prefetch thread)
   actor      A actors each (env(n) + policy(n)) / n + insert, in parallel; the learner
-             bounds the rate at 1 / (c(U) * max(learner(U), sample(U))); all of it shares the cores
+             bounds the rate at 1 / (c(U) * max(learner(U), sample(U))); all of it shares the cores,
+             the replay process's CPU included; insert, learner and sample are the remote figures
   server     actors wait env(n) + rpc + policy(A n) per vector step; the server's batch is
              every actor's request (A n observations)
 
 where c(U) = samples_per_insert / (U * batch_size) learner calls per env step (on-policy
 agents: one call per batch_size sequences of sequence_length steps). CPU: the sum of the
-work per env step over all processes cannot exceed the cores (less a quarter core for the
-replay, counter and evaluator processes of a distributed program). `rpc` is not measured
+work per env step over all processes cannot exceed the cores (less SIDE_PROCESSES_CORES for
+a distributed program's counter, evaluator and parameter copies). `rpc` is not measured
 (courier and TensorFlow are heavy to load): --rpc_ms, 1 ms by default, of which each end
 spends a quarter on the CPU. The server pays off where CPU is short and the policy is
 costly: it computes once per batch what every actor would compute.
@@ -44,22 +52,27 @@ parameter fetches, serialisation).
 """
 
 import argparse
+import collections
+import contextlib
 import dataclasses
 import math
 import os
+import pickle
 import statistics
+import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 PROG = "python -m launch.advise"
 ENV_SIZES = (1, 2, 4, 8, 16, 32, 64)
 POLICY_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 UPDATES_PER_CALL = (1, 2, 4, 8, 16)
 ACTOR_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
-SIDE_PROCESSES_CORES = 0.25  # replay, counter and evaluator of a distributed program, between evaluations
+SIDE_PROCESSES_CORES = 0.2  # counter, evaluator and the learner's parameter copies for the actors (distributed)
 PLACEMENT_ORDER = {"embedded": 0, "actor": 1, "server": 2}
 RPC_CPU_SHARE = 0.25  # CPU each end spends per request, as a share of the round trip (assumed)
+REMOTE = ("insert", "actor_cpu", "learner", "learner_cpu", "sample")  # Costs tables with a remote_ twin
 
 
 @dataclasses.dataclass
@@ -76,6 +89,25 @@ class Costs:
   # wall time: Reverb's gRPC and sampling threads, XLA's threads. None: as the wall time.
   actor_cpu: Optional[Dict[int, float]] = None   # per vector step of n envs (env, policy, insert)
   learner_cpu: Optional[Dict[int, float]] = None  # per learner call, its prefetch thread's sampling included
+  # The same with replay in a process of its own, over gRPC (distributed placements; None: as the
+  # local table), and that replay process's CPU per vector step inserted and per call sampled.
+  remote_insert: Optional[Dict[int, float]] = None
+  remote_actor_cpu: Optional[Dict[int, float]] = None
+  remote_learner: Optional[Dict[int, float]] = None
+  remote_learner_cpu: Optional[Dict[int, float]] = None
+  remote_sample: Optional[Dict[int, float]] = None
+  replay_insert_cpu: Optional[Dict[int, float]] = None
+  replay_sample_cpu: Optional[Dict[int, float]] = None
+  prefetch: bool = True            # False (no Reverb: --deterministic): sampling runs in the learner's thread
+  distributed: bool = True         # this install can run distributed topologies (the jrl[distributed] extra)
+
+  def placed(self, placement: str) -> "Costs":
+    """The costs a topology pays: a distributed program's actors and learner reach replay in
+    another process, so theirs are the remote tables, where measured."""
+    if placement == "embedded":
+      return self
+    remote = {name: getattr(self, "remote_" + name) for name in REMOTE}
+    return dataclasses.replace(self, **{k: v for k, v in remote.items() if v is not None})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +162,7 @@ def at(table: Dict[int, float], x: float) -> float:
 
 def predict(costs: Costs, work: Workload, topo: Topology) -> Prediction:
   """Env-steps/s of the training loop for one topology (see the module docstring)."""
+  costs = costs.placed(topo.placement)
   n, a = topo.num_envs, topo.num_actors
   u = 1 if work.sequence_length else topo.updates_per_call  # on-policy calls are whole batches of sequences
   calls = work.calls_per_step(u)
@@ -144,11 +177,12 @@ def predict(costs: Costs, work: Workload, topo: Topology) -> Prediction:
   if topo.placement == "embedded":
     policy = at(costs.policy, n) / n
     main = {"env": env, "policy": policy, "insert": insert, "learner": learn}
-    if costs.cores < 2:  # no core for the prefetch thread: sampling adds to the main thread's work
+    overlap = costs.prefetch and costs.cores >= 2  # the prefetch thread samples while the main thread works
+    if not overlap:  # sampling adds to the main thread's work
       main["replay"] = sample
     serial = sum(main.values())
     limits = {k: 1.0 / v for k, v in main.items() if v > 0}
-    if costs.cores >= 2:  # the prefetch thread samples while the main thread works
+    if overlap:
       limits["replay"] = 1.0 / sample if sample > 0 else math.inf
     limits["cpu"] = costs.cores / (at(costs.actor_cpu or _sum(costs.env, costs.policy, costs.insert), n) / n
                                    + learner_cpu)
@@ -160,11 +194,13 @@ def predict(costs: Costs, work: Workload, topo: Topology) -> Prediction:
     return Prediction(topo, rate, bound, limits)
 
   cores = max(costs.cores - SIDE_PROCESSES_CORES, 0.5)
+  replay_cpu = ((at(costs.replay_insert_cpu, n) / n if costs.replay_insert_cpu else 0.0)
+                + (calls * at(costs.replay_sample_cpu, u) if costs.replay_sample_cpu else 0.0))
   if topo.placement == "actor":
     policy = at(costs.policy, n) / n
     actor_step = env + policy + insert
     limits["env" if env >= policy + insert else ("policy" if policy >= insert else "insert")] = a / actor_step
-    cpu = at(costs.actor_cpu or _sum(costs.env, costs.policy, costs.insert), n) / n + learner_cpu
+    cpu = at(costs.actor_cpu or _sum(costs.env, costs.policy, costs.insert), n) / n + learner_cpu + replay_cpu
   elif topo.placement == "server":
     batch = a * n
     server_call = at(costs.policy, batch)
@@ -174,7 +210,7 @@ def predict(costs: Costs, work: Workload, topo: Topology) -> Prediction:
     # Each request costs CPU on both ends (RPC_CPU_SHARE of its round trip each); the
     # server computes once per batch.
     actor_cpu = at(costs.actor_cpu or _sum(costs.env, costs.policy, costs.insert), n) - at(costs.policy, n)
-    cpu = actor_cpu / n + server_call / batch + 2 * RPC_CPU_SHARE * costs.rpc / n + learner_cpu
+    cpu = actor_cpu / n + server_call / batch + 2 * RPC_CPU_SHARE * costs.rpc / n + learner_cpu + replay_cpu
   else:
     raise ValueError(f"unknown placement '{topo.placement}'")
   limits["learner" if at(costs.learner, u) >= at(costs.sample, u) else "replay"] = (
@@ -192,7 +228,7 @@ def candidates(costs: Costs, max_actors: int) -> List[Topology]:
   envs = sorted(costs.env)
   updates = sorted(costs.learner)
   out = [Topology("embedded", 1, n, u) for n in envs for u in updates]
-  for a in ACTOR_COUNTS:
+  for a in ACTOR_COUNTS if costs.distributed else ():
     if a > max_actors:
       break
     for placement in ("actor", "server"):
@@ -211,8 +247,13 @@ def recommend(costs: Costs, work: Workload, max_actors: int, margin: float = 0.1
   return min(near, key=lambda p: p.topology.simplicity()), predictions
 
 
-def command(agent: str, env_id: str, topo: Topology, on_policy: bool = False) -> str:
-  cmd = f".venv/bin/python -m launch.train --agent {agent} --env {env_id} --num_envs {topo.num_envs}"
+def command(agent: str, env_id: str, topo: Topology, on_policy: bool = False, deterministic: bool = False) -> str:
+  """The launch.train command line, run by this interpreter (relative to here when below here)."""
+  python = os.path.relpath(sys.executable)
+  python = sys.executable if python.startswith("..") else python
+  cmd = f"{python} -m launch.train --agent {agent} --env {env_id} --num_envs {topo.num_envs}"
+  if deterministic:  # the seeded buffer: a core install has no Reverb
+    cmd += " --deterministic"
   if not on_policy:
     cmd += f" --updates_per_call {topo.updates_per_call}"
   if topo.placement != "embedded":
@@ -231,150 +272,275 @@ def describe(p: Prediction) -> str:
 
 
 WINDOWS = 5  # each figure is the median of this many windows: a busy machine's spikes fall out
+REPLAY_HOST = "127.0.0.1"  # the replay process listens here only (launch/loopback.py)
 
 
-def _per_call(fn: Callable[[], object], seconds: float, min_calls: int = 2) -> Tuple[float, float]:
-  """(wall, process CPU) seconds per call, medians over WINDOWS windows; the CPU time
-  counts every thread of the process."""
+def _per_call(fn: Callable[[], object], seconds: float, timer=None, process=None,
+              min_calls: int = 2) -> Dict[str, float]:
+  """Seconds per call: "wall", "cpu" (this process, every thread) and each phase of `timer` (a
+  PhaseTimer that `fn` keeps), medians over WINDOWS windows; "replay_cpu": the CPU of `process`
+  (psutil) over all the windows, as its clock counts in hundredths of seconds."""
   fn()  # compiled / warm
-  walls, cpus = [], []
+  windows, calls_in_all, replay_cpu = [], 0, _cpu_seconds(process)
   for _ in range(WINDOWS):
     calls, start, cpu = 0, time.perf_counter(), time.process_time()
+    if timer is not None:
+      timer.start()  # the books start afresh for each window
     while calls < min_calls or time.perf_counter() - start < seconds / WINDOWS:
       fn()
       calls += 1
-    walls.append((time.perf_counter() - start) / calls)
-    cpus.append((time.process_time() - cpu) / calls)
-  return statistics.median(walls), statistics.median(cpus)
+    window = {"wall": time.perf_counter() - start, "cpu": time.process_time() - cpu}
+    if timer is not None:
+      timer.stop()
+      window.update(timer.totals())
+    windows.append({k: v / calls for k, v in window.items()})
+    calls_in_all += calls
+  out = {k: statistics.median(w.get(k, 0.0) for w in windows) for k in set().union(*windows)}
+  out["replay_cpu"] = (_cpu_seconds(process) - replay_cpu) / calls_in_all
+  return out
+
+
+def _cpu_seconds(process) -> float:
+  if process is None:
+    return 0.0
+  times = process.cpu_times()
+  return times.user + times.system
+
+
+class _Replay(NamedTuple):
+  """Where the measured actor inserts and the measured learner samples."""
+  writer: object                             # insert(block, priority)
+  flush: Callable[[], None]
+  batches: Callable[[int], Iterator]         # U -> learner batches, fed as the runner feeds them
+  process: object = None                     # psutil.Process of a replay process of its own
+
+
+def _table(reverb, name: str, signature, max_items: int):
+  """The measuring table: its sampler never waits on a rate limiter, as in a run that keeps up."""
+  return reverb.Table(name, reverb.selectors.Uniform(), reverb.selectors.Fifo(), max_items,
+                      reverb.rate_limiters.MinSize(1), signature=signature)
+
+
+def _reverb_replay(address: str, parts, cfg, mesh, stack: contextlib.ExitStack, process=None) -> _Replay:
+  from jrl.experiment.config import ExperimentConfig
+  from jrl.experiment.runner import reverb_batches
+  from jrl.replay import reverb_replay
+
+  writer = reverb_replay.ReverbItemWriter(reverb_replay.reverb.Client(address))
+  stack.callback(writer.close)  # before the server stops: it waits (seconds) for open streams
+  exp = ExperimentConfig()
+  return _Replay(writer, writer.flush, lambda u: reverb_batches(
+      address, parts, cfg, dataclasses.replace(exp, updates_per_call=u), cfg.batch_size, mesh), process)
+
+
+def _seeded_replay(spec, cfg) -> _Replay:
+  """The seeded buffer of a --deterministic run: batches drawn in the learner's thread. Sequences
+  are kept as a FIFO of items here: a queue would run dry (sampling) or full (inserts) meanwhile."""
+  import numpy as np
+
+  from jrl.replay.batches import items_per_fetch, make_assembler
+  from jrl.replay.buffer import SeededReplayBuffer
+
+  buffer = SeededReplayBuffer(dataclasses.replace(spec, sequence_length=0), seed=0)
+
+  def batches(u: int) -> Iterator:
+    num_items, assemble = items_per_fetch(spec, u, cfg.batch_size), make_assembler(
+        spec, u, cfg.batch_size, np.random.default_rng(1))
+    while True:
+      yield assemble(buffer.sample(num_items))
+
+  return _Replay(buffer, lambda: None, batches)
+
+
+def _fed_learner(batches: Iterator, make_learner: Callable[[Iterator], object], seconds: float, timer,
+                 process) -> Tuple[Dict[str, float], Dict[str, float]]:
+  """Figures (`_per_call`) of drawing `batches` alone, then of a learner fed from them. The sampler
+  goes on return: a Reverb server stops only once its sampling streams are gone (else in ~5 s)."""
+  alone = _per_call(lambda: next(batches), seconds / 2, process=process)
+  fed = _per_call(make_learner(batches).step, seconds, timer=timer)
+  batches.close()
+  return alone, fed
+
+
+def _serve_replay() -> None:
+  """The replay process: serves the table pickled on stdin (name, signature, max_items), says its
+  port on stdout, and stops when stdin closes (the advisor is done, or gone)."""
+  import reverb
+  name, signature, max_items = pickle.load(sys.stdin.buffer)
+  server = reverb.Server([_table(reverb, name, signature, max_items)])
+  print(server.port, flush=True)
+  sys.stdin.buffer.read()
+  server.stop()
+
+
+def _start_replay_process(stack: contextlib.ExitStack) -> subprocess.Popen:
+  """A process for `_serve_replay`, bound to loopback as a local launch's nodes are; it loads
+  Reverb while this one loads the rest."""
+  from launch import loopback
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  child = subprocess.Popen([sys.executable, "-c", "from launch import advise; advise._serve_replay()"], cwd=root,
+                           env={**os.environ, **loopback.node_env(REPLAY_HOST)}, stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE)
+
+  def stop():
+    child.stdin.close()
+    try:
+      child.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+      child.kill()
+      child.wait()
+
+  stack.callback(stop)
+  return child
 
 
 def measure(agent_name: str, env_id: str, cfg, seconds: float = 0.5, env_sizes: Sequence[int] = ENV_SIZES,
             policy_sizes: Sequence[int] = POLICY_SIZES, updates: Sequence[int] = UPDATES_PER_CALL,
-            log: Callable[[str], None] = print) -> Tuple[Costs, Workload]:
-  """Costs of the agent's pieces on this machine, through the library's own shells."""
-  import jax
-  import numpy as np
+            log: Callable[[str], None] = print, distributed: bool = True) -> Tuple[Costs, Workload]:
+  """Costs of the agent's pieces on this machine, through the library's own shells: with Reverb in
+  this process and, if `distributed` (and this install has the distributed stack), in a replay
+  process of its own; without Reverb, with the seeded buffer (see the module docstring)."""
+  from jrl import compat
+  from launch import loopback
 
-  from jrl import envs
-  from jrl.actors.actor import Actor, LocalPolicy
-  from jrl.actors.variables import VariableClient
-  from jrl.experiment import report
-  from jrl.experiment.builder import build_agent_parts, example_item, items_per_fetch, make_adder, make_assembler
-  from jrl.replay.adders import make_block_writer
-  from jrl.learners import sharding
-  from jrl.learners.learner import Learner
-  from jrl.experiment.config import ExperimentConfig
-  from jrl.replay import reverb_replay
-  from jrl.replay.batches import PrefetchIterator
-  from jrl.replay.buffer import SeededReplayBuffer
+  missing = compat.missing_distributed_stack()
+  with contextlib.ExitStack() as stack:
+    child = None
+    if distributed and not missing:
+      try:
+        child = _start_replay_process(stack)  # first: it loads Reverb while this process loads the rest
+      except loopback.ShimUnavailable as e:
+        log(f"  no replay process, so no distributed topologies: {e}")
 
-  parts = build_agent_parts(agent_name, env_id, cfg)
-  spec = parts.replay_spec
-  learner_fns = parts.agent.make_learner(parts.networks, cfg)
-  params = learner_fns.params(learner_fns.init(jax.random.PRNGKey(0)))
-  policy_fns = parts.agent.make_policy(parts.networks, cfg)
+    import jax
+    import numpy as np
+    import psutil
 
-  class Source:
-    def get_variables(self):
-      return params, 0
+    from jrl import envs
+    from jrl.actors.actor import Actor, LocalPolicy
+    from jrl.actors.variables import VariableClient
+    from jrl.experiment import report
+    from jrl.experiment.builder import build_agent_parts, example_item, make_adder
+    from jrl.learners import sharding
+    from jrl.learners.learner import Learner
+    from jrl.replay.adders import make_block_writer
+    from jrl.replay.batches import items_per_fetch
 
-  # Reverb as the embedded runner has it: an in-process server, the item writer, the sampler.
-  example = example_item(parts, cfg)
-  table = reverb_replay.reverb.Table(reverb_replay.TABLE, reverb_replay.reverb.selectors.Uniform(),
-                                     reverb_replay.reverb.selectors.Fifo(), spec.max_items,
-                                     reverb_replay.reverb.rate_limiters.MinSize(1),
-                                     signature=reverb_replay.item_signature(example))
-  server = reverb_replay.reverb.Server([table])
-  address = f"localhost:{server.port}"
-  writer = reverb_replay.ReverbItemWriter(reverb_replay.reverb.Client(address))
+    parts = build_agent_parts(agent_name, env_id, cfg)
+    spec = parts.replay_spec
+    learner_fns = parts.agent.make_learner(parts.networks, cfg)
+    params = learner_fns.params(learner_fns.init(jax.random.PRNGKey(0)))
+    policy_fns = parts.agent.make_policy(parts.networks, cfg)
+    mesh = sharding.make_mesh(1)
+    example = example_item(parts, cfg)
 
-  env_cost, insert_cost, actor_cpu = {}, {}, {}
-  policy_cost: Dict[int, float] = {}
-  for n in env_sizes:
-    env = envs.make_vector_env(env_id, n, seed=0)
-    timer = report.PhaseTimer()
-    blocks = make_block_writer(spec, writer)
-    actor = Actor(env, LocalPolicy(policy_fns, VariableClient(Source()), jax.random.PRNGKey(1)),
-                  adder=make_adder(spec, n, cfg), sink=blocks.add, timer=timer)
-    actor.step()  # compiles the policy for this batch
-    windows = []
-    for _ in range(WINDOWS):
-      steps, start, cpu = 0, time.perf_counter(), time.process_time()
-      timer.start()  # the books start after the compile, afresh for each window
-      while steps < 2 or time.perf_counter() - start < seconds / WINDOWS:
-        actor.step()
-        steps += 1
-      timer.stop()
-      phases = timer.totals()
-      policy, insert = phases.get(report.POLICY, 0.0), phases.get(report.INSERT, 0.0)
+    class Source:
+      def get_variables(self):
+        return params, 0
+
+    # Replay as the embedded runner has it (an in-process Reverb server, or the seeded buffer),
+    # then as a distributed program has it (a replay process).
+    prefetch = "reverb" not in missing
+    if prefetch:
+      from jrl.replay import reverb_replay
+      signature = reverb_replay.item_signature(example)
+      server = reverb_replay.reverb.Server([_table(reverb_replay.reverb, reverb_replay.TABLE, signature,
+                                                   spec.max_items)])
+      stack.callback(server.stop)
+      replays = [_reverb_replay(f"localhost:{server.port}", parts, cfg, mesh, stack)]
+    else:
+      replays = [_seeded_replay(spec, cfg)]
+    if child is not None:
+      pickle.dump((reverb_replay.TABLE, signature, spec.max_items), child.stdin)
+      child.stdin.flush()
+      port = child.stdout.readline().strip()
+      if not port.isdigit():
+        raise RuntimeError(f"the replay process did not start (exit code {child.poll()})")
+      replays.append(_reverb_replay(f"{REPLAY_HOST}:{int(port)}", parts, cfg, mesh, stack,
+                                    psutil.Process(child.pid)))
+    tables = [collections.defaultdict(dict) for _ in replays]  # per replay: Costs field -> table
+    notes = ("", " || replay process:")
+
+    env_cost, policy_cost = {}, {}
+    for n in env_sizes:
+      env = envs.make_vector_env(env_id, n, seed=0)
+      timer = report.PhaseTimer()
+      sinks = [make_block_writer(spec, r.writer) for r in replays]
+      sink = sinks[:1]  # the one the actor writes to now
+      actor = Actor(env, LocalPolicy(policy_fns, VariableClient(Source()), jax.random.PRNGKey(1)),
+                    adder=make_adder(spec, n, cfg), sink=lambda rows: sink[0].add(rows), timer=timer)
+      figures = []
+      for blocks, replay in zip(sinks, replays):
+        sink[0] = blocks
+        figures.append(_per_call(actor.step, seconds, timer=timer, process=replay.process))
+      env.close()
+      policy_cost[n] = figures[0][report.POLICY]
       # env: the env step and the actor's own bookkeeping (everything but policy and insert)
-      windows.append(((timer.wall() - policy - insert) / steps, policy / steps, insert / steps,
-                      (time.process_time() - cpu) / steps))
-    env_cost[n], policy_cost[n], insert_cost[n], actor_cpu[n] = (statistics.median(w[i] for w in windows)
-                                                                 for i in range(4))
-    env.close()
-    log(f"  env x{n:<3} {1e3 * env_cost[n]:8.3f} ms/vector step | policy x{n:<3} {1e3 * policy_cost[n]:7.3f} ms | "
-        f"insert {1e3 * insert_cost[n]:7.3f} ms ({1e6 * insert_cost[n] / n:.1f} us/transition) | "
-        f"CPU {1e3 * actor_cpu[n]:.3f} ms")
-  writer.flush()
+      env_cost[n] = figures[0]["wall"] - policy_cost[n] - figures[0][report.INSERT]
+      line = f"  env x{n:<3} {1e3 * env_cost[n]:8.3f} ms/vector step | policy x{n:<3} {1e3 * policy_cost[n]:7.3f} ms |"
+      for f, replay, table, note in zip(figures, replays, tables, notes):
+        table["insert"][n], table["actor_cpu"][n], table["replay_insert_cpu"][n] = (
+            f[report.INSERT], f["cpu"], f["replay_cpu"])
+        line += (f"{note} insert {1e3 * f[report.INSERT]:.3f} ms ({1e6 * f[report.INSERT] / n:.1f} us/transition), "
+                 f"CPU {1e3 * f['cpu']:.3f} ms")
+        line += f" + replay's {1e3 * f['replay_cpu']:.3f} ms" if replay.process is not None else ""
+      log(line)
 
-  select = jax.jit(policy_fns.select_action)
-  obs_shape = parts.env_spec.observation_shape
-  for b in policy_sizes:
-    if b in policy_cost:
-      continue
-    obs = np.zeros((b,) + obs_shape, parts.env_spec.observation_dtype)
-    state, is_first = policy_fns.init(jax.random.PRNGKey(2), b), np.zeros(b, bool)
-    policy_cost[b] = _per_call(lambda: np.asarray(select(params, obs, is_first, state)[0]), seconds / 2)[0]
-    log(f"  policy x{b:<4} {1e3 * policy_cost[b]:8.3f} ms/call")
+    select = jax.jit(policy_fns.select_action)
+    obs_shape = parts.env_spec.observation_shape
+    for b in policy_sizes:
+      if b in policy_cost:
+        continue
+      obs = np.zeros((b,) + obs_shape, parts.env_spec.observation_dtype)
+      state, is_first = policy_fns.init(jax.random.PRNGKey(2), b), np.zeros(b, bool)
+      policy_cost[b] = _per_call(lambda: np.asarray(select(params, obs, is_first, state)[0]), seconds / 2)["wall"]
+      log(f"  policy x{b:<4} {1e3 * policy_cost[b]:8.3f} ms/call")
 
-  # Learner calls on batches assembled from replay, placed as the runner places them.
-  mesh = sharding.make_mesh(1)
-  buffer = SeededReplayBuffer(spec, seed=0)
-  rng = np.random.default_rng(0)
-  fill = max(spec.min_items, items_per_fetch(spec, max(updates), cfg.batch_size))
-  for _ in range(fill):
-    item = jax.tree_util.tree_map(lambda x: rng.normal(size=np.shape(x)).astype(np.asarray(x).dtype)
-                                  if np.issubdtype(np.asarray(x).dtype, np.floating) else np.zeros_like(x), example)
-    buffer.insert(item, 1.0)
-    writer.insert(item, 1.0)
-  writer.flush()
-  learner_cost, sample_cost, learner_cpu = {}, {}, {}
-  for u in updates:
-    if spec.sequences and u != 1:
-      continue
-    num_items = items_per_fetch(spec, u, cfg.batch_size)
-    assemble = make_assembler(spec, u, cfg.batch_size, np.random.default_rng(1))
-    prepared = assemble(buffer.sample(num_items))
-    prepared = prepared._replace(batch=sharding.put_batch(prepared.batch, mesh))
+    rng = np.random.default_rng(0)
+    for _ in range(max(spec.min_items, items_per_fetch(spec, max(updates), cfg.batch_size))):
+      item = jax.tree_util.tree_map(lambda x: rng.normal(size=np.shape(x)).astype(np.asarray(x).dtype)
+                                    if np.issubdtype(np.asarray(x).dtype, np.floating) else np.zeros_like(x), example)
+      for replay in replays:
+        replay.writer.insert(item, 1.0)
+    for replay in replays:
+      replay.flush()
+    timer = report.PhaseTimer()
+    for u in updates:
+      if spec.sequences and u != 1:
+        continue
+      line = f"  learner: {u:>2} updates/call"
+      for replay, table, note in zip(replays, tables, notes):
+        alone, fed = _fed_learner(replay.batches(u), lambda batches: Learner(
+            learner_fns, jax.random.PRNGKey(3), batches, mesh=mesh, timer=timer), seconds, timer, replay.process)
+        # With prefetching the call's wall time is the learner's (it waits when sampling is slower);
+        # without, the sampling in it is the sample figure.
+        table["learner"][u] = fed["wall"] - (0.0 if prefetch else fed[report.SAMPLE_WAIT])
+        table["learner_cpu"][u], table["sample"][u], table["replay_sample_cpu"][u] = (
+            fed["cpu"], alone["wall"], alone["replay_cpu"])
+        line += (f"{note} fed {1e3 * fed['wall']:.2f} ms (update {1e3 * fed[report.UPDATE]:.2f}, CPU "
+                 f"{1e3 * fed['cpu']:.2f}), sample alone {1e3 * alone['wall']:.2f} ms")
+        line += f" + replay's CPU {1e3 * alone['replay_cpu']:.2f}" if replay.process is not None else ""
+      log(line)
 
-    def forever():
-      while True:
-        yield prepared
-
-    bare = Learner(learner_fns, jax.random.PRNGKey(3), forever(), mesh=mesh)
-    bare_cost = _per_call(bare.step, seconds / 2)[0]
-    sampler = reverb_replay.ReverbItemSampler(address, num_items, example)
-    place = lambda: prepared._replace(batch=sharding.put_batch(assemble(sampler.sample()).batch, mesh))
-    sample_cost[u] = _per_call(place, seconds / 2)[0]
-    # As the runner feeds it: batches sampled, assembled and placed on the prefetch thread.
-    batches = PrefetchIterator(place, depth=ExperimentConfig.prefetch)
-    fed = Learner(learner_fns, jax.random.PRNGKey(3), batches, mesh=mesh)
-    learner_cost[u], learner_cpu[u] = _per_call(fed.step, seconds)
-    batches.close()
-    log(f"  learner: {u:>2} updates/call fed from Reverb {1e3 * learner_cost[u]:7.2f} ms (CPU "
-        f"{1e3 * learner_cpu[u]:.2f}; bare update {1e3 * bare_cost:.2f}) | sample alone {1e3 * sample_cost[u]:.2f} ms")
-  server.stop()
   cores = float(len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else float(os.cpu_count() or 1)
   rows_per_step = 1.0 / spec.replay_sequence_period if spec.replayed_sequences else 1.0  # R2D2: a sequence per period
   work = Workload(cfg.batch_size, 1.0 if spec.sequences else float(spec.samples_per_insert) * rows_per_step,
                   spec.sequence_length)
-  return Costs(env_cost, policy_cost, insert_cost, learner_cost, sample_cost, cores, actor_cpu=actor_cpu,
-               learner_cpu=learner_cpu), work
+  mine = tables[0]
+  costs = Costs(env_cost, policy_cost, mine["insert"], mine["learner"], mine["sample"], cores,
+                actor_cpu=mine["actor_cpu"], learner_cpu=mine["learner_cpu"], prefetch=prefetch,
+                distributed=len(replays) > 1)
+  if costs.distributed:
+    theirs = tables[1]
+    costs = dataclasses.replace(costs, replay_insert_cpu=theirs["replay_insert_cpu"],
+                                replay_sample_cpu=theirs["replay_sample_cpu"],
+                                **{"remote_" + name: theirs[name] for name in REMOTE})
+  return costs, work
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
+  from jrl import compat
   from jrl.agents import get_agent
   from jrl.envs import check_env_id
   from jrl.errors import ConfigError
@@ -395,7 +561,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument("--max_actors", type=int, default=None, help="largest --num_actors considered (default 2 x cores)")
   parser.add_argument("--rpc_ms", type=float, default=1.0, help="assumed round trip of one request between processes")
   parser.add_argument("--margin", type=float, default=0.15, help="a simpler topology this close to the fastest wins")
-  parser.add_argument("--embedded_only", action="store_true", help="consider only embedded runs")
+  parser.add_argument("--embedded_only", action="store_true", help="consider only embedded runs (no replay process is measured)")
   add_dataclass_flags(parser, agent.Config, f"agent '{known.agent}'")
   args = parser.parse_args(argv)
   try:
@@ -405,17 +571,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     fail(PROG, e)
 
   print(f"measuring {args.agent} on {args.env} on this machine ({args.seconds} s per figure)...", flush=True)
-  costs, work = measure(args.agent, args.env, cfg, args.seconds)
+  costs, work = measure(args.agent, args.env, cfg, args.seconds, distributed=not args.embedded_only)
   if args.cores is not None:
     costs.cores = args.cores
   costs.rpc = args.rpc_ms / 1e3
   max_actors = args.max_actors or max(1, int(2 * costs.cores))
-  allowed = (lambda t: t.placement == "embedded") if args.embedded_only else None
-  best, ranked = recommend(costs, work, max_actors, args.margin, allowed)
+  best, ranked = recommend(costs, work, max_actors, args.margin)
   load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
   if load > costs.cores:
     print(f"note: this machine is busy (load {load:.1f} on {costs.cores:g} cores): the figures are slower than "
           "on a quiet machine, and a run made later may see another load")
+  missing = compat.missing_distributed_stack()
+  if missing:
+    print(f"distributed topologies need the jrl[distributed] extra (Python 3.10); this install lacks "
+          f"{', '.join(missing)}: embedded runs only" + ("" if costs.prefetch else ", with --deterministic replay"))
   print(f"\n{costs.cores:g} cores; samples_per_insert {work.samples_per_insert:g}, batch {work.batch_size}"
         f"{f', sequences of {work.sequence_length}' if work.sequence_length else ''}; rpc assumed {args.rpc_ms} ms")
   print("fastest predictions (training loop: evaluation, checkpoints and compilation left out):")
@@ -440,7 +609,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"updates_per_call {t.updates_per_call}")
   print(f"predicted: {best.env_steps_per_second:,.0f} env-steps/s ({best.bound}-bound; limits: "
         + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(best.limits.items(), key=lambda kv: kv[1])) + ")")
-  print(f"run it:    {command(args.agent, args.env, t, on_policy=bool(work.sequence_length))}")
+  print(f"run it:    {command(args.agent, args.env, t, bool(work.sequence_length), deterministic=not costs.prefetch)}")
   return 0
 
 

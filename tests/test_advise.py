@@ -1,5 +1,9 @@
-"""The topology advisor's model, on hand-made costs."""
+"""The topology advisor's model, on hand-made costs; its measuring, briefly."""
 
+import functools
+import sys
+
+import psutil
 import pytest
 
 from launch import advise
@@ -92,3 +96,52 @@ def test_background_threads_count_against_the_cores():
   c.learner_cpu = {u: 3 * (v + c.sample[u]) for u, v in c.learner.items()}
   busy = predict(c, DQN, Topology("embedded", 1, 8, 4))
   assert busy.bound == "cpu" and busy.env_steps_per_second < wall_only.env_steps_per_second
+
+
+def test_distributed_predictions_pay_for_replay_in_another_process():
+  """Over gRPC the learner's calls and sampling cost more and the replay process burns CPU;
+  an embedded run keeps the in-process figures."""
+  c = costs(cores=4.0)
+  topo = Topology("actor", 2, 8, 4)
+  local = predict(c, DQN, topo)
+  c.remote_learner = {u: 3 * v for u, v in c.learner.items()}
+  c.remote_sample = {u: 2 * v for u, v in c.sample.items()}
+  remote = predict(c, DQN, topo)
+  assert remote.bound == "learner"
+  assert remote.env_steps_per_second == pytest.approx(1 / (DQN.calls_per_step(4) * c.remote_learner[4]))
+  assert remote.env_steps_per_second == pytest.approx(local.env_steps_per_second / 3)
+  assert predict(c, DQN, Topology("embedded", 1, 8, 4)).env_steps_per_second == pytest.approx(
+      predict(costs(cores=4.0), DQN, Topology("embedded", 1, 8, 4)).env_steps_per_second)
+  c.replay_sample_cpu = {u: 20 * v for u, v in c.remote_learner.items()}  # the replay process's CPU counts too
+  starved = predict(c, DQN, topo)
+  assert starved.bound == "cpu" and starved.env_steps_per_second < remote.env_steps_per_second
+
+
+def test_advise_without_reverb_measures_the_seeded_buffer_and_recommends_embedded_runs(monkeypatch, capsys):
+  """A core install's advisor: no Reverb (importing it fails here), the seeded buffer of a --deterministic run."""
+  from jrl import compat
+  monkeypatch.setattr(compat, "missing_distributed_stack", lambda: compat.DISTRIBUTED_STACK)
+  monkeypatch.setitem(sys.modules, "reverb", None)
+  monkeypatch.setattr(advise, "measure", functools.partial(advise.measure, env_sizes=(1, 4), policy_sizes=(1, 4, 16),
+                                                           updates=(1, 4)))
+  assert advise.main(["--agent", "dqn", "--env", "CartPole-v1", "--seconds", "0.02"]) == 0
+  out = capsys.readouterr().out
+  assert "distributed topologies need the jrl[distributed] extra (Python 3.10)" in out
+  assert "inference actor" not in out and "inference server" not in out and "replay process" not in out
+  assert len([line for line in out.splitlines() if line.startswith("  learner:")]) == 2
+  run = next(line for line in out.splitlines() if line.startswith("run it:"))
+  assert "--deterministic" in run and "--distributed" not in run
+
+
+@pytest.mark.distributed
+def test_advise_measures_replay_in_a_process_of_its_own():
+  from jrl.agents import get_agent
+  lines = []
+  c, work = advise.measure("dqn", "CartPole-v1", get_agent("dqn").Config(), seconds=0.2, env_sizes=(4,),
+                           policy_sizes=(4,), updates=(4,), log=lines.append)
+  assert c.prefetch and c.distributed and work.batch_size > 0
+  for name in advise.REMOTE:
+    assert getattr(c, "remote_" + name).keys() == getattr(c, name).keys()
+  assert c.replay_insert_cpu[4] + c.replay_sample_cpu[4] > 0  # the replay process's own CPU (its clock: 10 ms ticks)
+  assert all("replay process:" in line for line in lines if line.startswith(("  env", "  learner")))
+  assert not [p for p in psutil.Process().children() if "_serve_replay" in " ".join(p.cmdline())]
