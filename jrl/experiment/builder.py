@@ -10,7 +10,6 @@ from jrl import envs
 from jrl.agents import get_agent
 from jrl.networks import example_observation
 from jrl.replay.adders import make_step_adder
-from jrl.replay.batches import items_per_fetch, make_assembler  # noqa: F401 (names the runner and nodes use)
 from jrl.replay.sequence_adder import START_STATE_KEY, example_sequence
 from jrl.replay.spec import ReplaySpec
 from jrl.specs import EnvSpec
