@@ -5,12 +5,14 @@
     stepping of the same vector env with random actions, and where the actor's
     time goes (microseconds per vector step, by phase);
 (b) learner updates/s fed from Reverb (sampling, cross-item shuffle, device
-    prefetch) vs the bare jitted update loop on a fixed device batch.
+    prefetch) vs the bare jitted update loop on a fixed device batch, and the learner
+    shell on that fixed batch (its own cost, without the feed).
 
   .venv/bin/python bench/embedded_throughput.py [--seconds 5] [--num_envs 8] ...
 """
 
 import argparse
+import itertools
 import time
 
 import distrax  # noqa: F401  (before reverb: see jrl/replay/reverb_replay.py)
@@ -145,7 +147,8 @@ def bench_learner(args, cfg, updates_per_call: int):
   phases = {k: 1e3 * (v - before.get(k, 0.0)) / (learner.version - calls_before)
             for k, v in sorted(after.items(), key=lambda kv: -kv[1])}
 
-  fixed = next(batches).batch
+  prepared = next(batches)
+  fixed = prepared.batch
   update_many = jax.jit(make_multi_update(fns.update))
   state = [fns.init(jax.random.PRNGKey(0))]
 
@@ -153,10 +156,13 @@ def bench_learner(args, cfg, updates_per_call: int):
     state[0], metrics = update_many(state[0], fixed)
     jax.block_until_ready(metrics["loss"])
 
-  bare = _rate(bare_step, args.seconds, updates_per_call)
+  # The learner shell (metrics fetch, bookkeeping) on that same batch, without any sampling:
+  # what separates `fed` from `bare` that is not the feed.
+  shell = Learner(fns, jax.random.PRNGKey(0), itertools.repeat(prepared), mesh=mesh)
+  bare, shell_rate = _interleaved_rates([bare_step, shell.step], 2 * args.seconds, updates_per_call)
   batches.close()
   server.stop()
-  return bare, fed, num_items, phases
+  return bare, shell_rate, fed, num_items, phases
 
 
 def main():
@@ -181,9 +187,10 @@ def main():
         f"{full:,.0f} env-steps/s | ratio {full / raw:.2f} (target >= 0.5) | {items} items inserted")
   print("    actor us per vector step: " + ", ".join(f"{k} {v:.0f}" for k, v in phases.items()))
   for u in (int(x) for x in args.updates_per_call.split(",")):
-    bare, fed, num_items, phases = bench_learner(args, cfg, u)
+    bare, shell, fed, num_items, phases = bench_learner(args, cfg, u)
     print(f"(b) learner, {u:>2} updates/call: bare jitted {bare:,.0f} updates/s | fed from Reverb {fed:,.0f} updates/s "
           f"({fed * cfg.batch_size:,.0f} samples/s) | ratio {fed / bare:.2f} (target >= 0.8)")
+    print(f"    learner shell on one fixed batch (no sampling) {shell:,.0f} updates/s: {shell / bare:.2f} of bare")
     print(f"    prefetch thread ms per call ({num_items} items): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
 
 
