@@ -6,10 +6,12 @@ schedule of updates, in this process.
     replay.add(obs, action, reward, terminated, truncated, next_obs, info)
     while replay.updates_due() >= U:
       state, metrics = update_many(state, replay.sample(U))   # leaves [U, B, ...]
+    saved = replay.state()                                      # picklable; replay.restore(saved) goes on
 
 `calls_due` is the rule that schedules learner calls, shared with the embedded runner.
 """
 
+import copy
 from typing import Any, Dict, Optional
 
 import gymnasium as gym
@@ -126,6 +128,23 @@ class LocalReplay:
     self.updates_sampled += updates
     self._last = prepared
     return prepared.batch
+
+  def state(self) -> Dict[str, Any]:
+    """A copy of everything this replay would go on from (picklable): the buffer's contents and
+    sampling RNG, the batch RNG, the adder's open windows, the partial block and the updates
+    sampled. `restore` on a LocalReplay made with the same arguments continues exactly."""
+    return copy.deepcopy({"buffer": self._buffer.state(), "rng": self._rng.bit_generator.state,
+                          "adder": self._adder, "writer": self._writer.state(),
+                          "updates_sampled": self.updates_sampled})
+
+  def restore(self, state: Dict[str, Any]) -> None:
+    state = copy.deepcopy(state)
+    self._buffer.restore(state["buffer"])
+    self._rng.bit_generator.state = state["rng"]
+    self._adder = state["adder"]
+    self._writer.restore(state["writer"])
+    self.updates_sampled = state["updates_sampled"]
+    self._last = None
 
   def update_priorities(self, priorities: np.ndarray) -> None:
     """New priorities [U, B] (e.g. |TD| from the learner's metrics) for the last sample's items."""
