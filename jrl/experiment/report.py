@@ -425,8 +425,10 @@ def verdict(nodes: Sequence[NodeTimes], cores: Optional[int] = None) -> Verdict:
   if cores:
     used = busy_cores(nodes)
     if used >= 0.9 * cores:
-      advice += (f"; the nodes kept {used:.1f} cores busy on a {cores}-core machine: it is saturated, so more "
-                 "actors or servers will not add throughput here")
+      kept = (f"the nodes kept {used:.1f} cores busy on a {cores}-core machine" if used <= cores else
+              f"the nodes' busy time adds up to {used:.1f} cores on a {cores}-core machine (waits for a core "
+              "count as busy)")
+      advice += f"; {kept}: it is saturated, so more actors or servers will not add throughput here"
   return Verdict(name, bound.name, phase, share, advice)
 
 
