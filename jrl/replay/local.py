@@ -112,8 +112,9 @@ class LocalReplay:
     return max(0, calls_due(self.rows, self.spec, self.batch_size) - self.updates_sampled)
 
   def sample(self, updates: int = 1) -> LearnerBatch:
-    """`updates` batches, stacked: leaves [U, B, ...] (transitions) or [U, B, T, ...] (sequences,
-    each used once); weights [U, B] (importance weights with prioritized replay, else 1)."""
+    """`updates` batches, stacked: leaves [U, B, ...] (transitions) or [U, B, T, ...] (on-policy
+    sequences, each used once; R2D2's, sampled as transitions are); weights [U, B] (importance
+    weights with prioritized replay, else 1)."""
     if updates <= 0:
       raise ValueError(f"updates must be > 0, got {updates}")
     spec, b = self.spec, self.batch_size
