@@ -414,7 +414,6 @@ def measure(agent_name: str, env_id: str, cfg, seconds: float = 0.5, env_sizes: 
 
     import jax
     import numpy as np
-    import psutil
 
     from jrl import envs
     from jrl.actors.actor import Actor, LocalPolicy
@@ -451,6 +450,7 @@ def measure(agent_name: str, env_id: str, cfg, seconds: float = 0.5, env_sizes: 
     else:
       replays = [_seeded_replay(spec, cfg)]
     if child is not None:
+      import psutil  # only here: the replay process's CPU (a core install measures no such process)
       pickle.dump((reverb_replay.TABLE, signature, spec.max_items), child.stdin)
       child.stdin.flush()
       port = child.stdout.readline().strip()
