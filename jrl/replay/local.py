@@ -15,13 +15,13 @@ import copy
 from typing import Any, Dict, Optional
 
 import gymnasium as gym
-import jax
 import numpy as np
 
 from jrl.envs import check_same_step_autoreset, final_observations
 from jrl.errors import ConfigError
 from jrl.replay.adders import make_block_writer, make_step_adder
-from jrl.replay.batches import PreparedBatch, item_priorities, items_per_fetch, make_assembler
+from jrl.replay.batches import (PreparedBatch, assemble_sequence_batches, item_priorities, items_per_fetch,
+                                make_assembler)
 from jrl.replay.buffer import SeededReplayBuffer
 from jrl.replay.spec import ReplaySpec
 from jrl.types import LearnerBatch
@@ -118,11 +118,8 @@ class LocalReplay:
     if updates <= 0:
       raise ValueError(f"updates must be > 0, got {updates}")
     spec, b = self.spec, self.batch_size
-    if spec.sequences:
-      sampled = self._buffer.sample(updates * b)
-      data = jax.tree_util.tree_map(lambda x: x.reshape((updates, b) + x.shape[1:]), sampled.data)
-      prepared = PreparedBatch(LearnerBatch(data, np.ones((updates, b), np.float32)), sampled.keys,
-                               np.arange(updates * b).reshape(updates, b))
+    if spec.sequences:  # U x B on-policy sequences from the queue, each used once, weights 1
+      prepared = assemble_sequence_batches(self._buffer.sample(updates * b), updates, b, None)
     else:  # transitions dealt from pooled blocks, or replayed sequences (R2D2) as sampled
       sampled = self._buffer.sample(items_per_fetch(spec, updates, b))
       prepared = make_assembler(spec, updates, b, self._rng)(sampled)
