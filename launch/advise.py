@@ -417,6 +417,7 @@ def measure(agent_name: str, env_id: str, cfg, seconds: float = 0.5, env_sizes: 
 
     from jrl import envs
     from jrl.actors.actor import Actor, LocalPolicy
+    from jrl.cpu_jit import jit_per_step
     from jrl.actors.variables import VariableClient
     from jrl.experiment import report
     from jrl.experiment.builder import build_agent_parts, example_item, make_adder
@@ -486,13 +487,13 @@ def measure(agent_name: str, env_id: str, cfg, seconds: float = 0.5, env_sizes: 
         line += f" + replay's {1e3 * f['replay_cpu']:.3f} ms" if replay.process is not None else ""
       log(line)
 
-    select = jax.jit(policy_fns.select_action)
     obs_shape = parts.env_spec.observation_shape
     for b in policy_sizes:
       if b in policy_cost:
         continue
       obs = np.zeros((b,) + obs_shape, parts.env_spec.observation_dtype)
       state, is_first = policy_fns.init(jax.random.PRNGKey(2), b), np.zeros(b, bool)
+      select = jit_per_step(policy_fns.select_action)  # as a server at this batch size compiles it
       policy_cost[b] = _per_call(lambda: np.asarray(select(params, obs, is_first, state)[0]), seconds / 2)["wall"]
       log(f"  policy x{b:<4} {1e3 * policy_cost[b]:8.3f} ms/call")
 

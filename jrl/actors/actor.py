@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from jrl.actors.variables import VariableClient
+from jrl.cpu_jit import jit_per_step
 from jrl.envs import EpisodeStats, EpisodeTracker, final_observations
 from jrl.experiment.report import ENV, INSERT, NULL_TIMER, PARAM_FETCH, POLICY
 from jrl.specs import env_action, observation_dtype
@@ -36,7 +37,7 @@ class LocalPolicy:
 
   def __init__(self, policy: PolicyFns, variables: VariableClient, key: PRNGKey, timer=None,
                num_envs: Optional[int] = None):
-    self._select_action = jax.jit(policy.select_action)
+    self._select_action = jit_per_step(policy.select_action)
     self._init = policy.init
     self._key = key
     # Made now for `num_envs` envs, else at the first call for that many.

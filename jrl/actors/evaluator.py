@@ -5,6 +5,7 @@ from typing import Any, Dict, List, Optional
 import jax
 import numpy as np
 
+from jrl.cpu_jit import jit_per_step
 from jrl.envs import EnvLike, make_vector_env
 from jrl.specs import env_action, observation_dtype
 from jrl.types import Params, PolicyFns
@@ -23,7 +24,7 @@ class Evaluator:
     evaluations had run. `env_kwargs` go to `make_vector_env` (e.g. render_mode, wrappers)."""
     self._env = make_vector_env(env, num_episodes, seed, evaluation=True, **(env_kwargs or {}))
     self._obs_dtype = observation_dtype(self._env.single_observation_space)
-    self._select_action = jax.jit(policy.select_action)
+    self._select_action = jit_per_step(policy.select_action)
     self._policy = policy
     self._seed = seed
     self._key = jax.random.PRNGKey(seed)

@@ -35,6 +35,7 @@ import numpy as np
 from flax import serialization
 
 from jrl.actors.variables import VariableClient
+from jrl.cpu_jit import jit_per_step
 from jrl.experiment.report import COLLECT, IDLE, INFERENCE_WAIT, NULL_TIMER, PARAM_FETCH, POLICY, REPLY, PhaseTimer
 from jrl.types import PolicyFns, PRNGKey
 
@@ -66,7 +67,7 @@ def _select_and_keep(select_action):
     keep = lambda new, old: jnp.where(present.reshape((-1,) + (1,) * (new.ndim - 1)), new, old)
     return actions, extras, jax.tree_util.tree_map(keep, new_states, states)
 
-  return jax.jit(step)
+  return jit_per_step(step)
 
 
 class BatchedInference:
