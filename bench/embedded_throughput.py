@@ -9,6 +9,9 @@
     shell on that fixed batch (its own cost, without the feed).
 
   .venv/bin/python bench/embedded_throughput.py [--seconds 5] [--num_envs 8] ...
+
+JAX dispatches CPU programs synchronously here, as in runs (`jrl.cpu_jit.dispatch_synchronously`);
+JRL_CPU_ASYNC_DISPATCH=1 measures JAX's default asynchronous dispatch instead.
 """
 
 import argparse
@@ -19,7 +22,7 @@ import distrax  # noqa: F401  (before reverb: see jrl/replay/reverb_replay.py)
 import jax
 import numpy as np
 
-from jrl import envs
+from jrl import cpu_jit, envs
 from jrl.actors.actor import Actor, LocalPolicy
 from jrl.actors.variables import VariableClient
 from jrl.agents import dqn
@@ -177,11 +180,13 @@ def main():
   parser.add_argument("--prefetch", type=int, default=2)
   parser.add_argument("--no_dispatch_ahead", action="store_true", help="the actor asks for actions after its inserts")
   args = parser.parse_args()
+  synchronous = cpu_jit.dispatch_synchronously()
   cfg = dqn.Config(batch_size=args.batch_size, block_size=args.block_size,
                    hidden_sizes=tuple(int(h) for h in args.hidden_sizes.split(",")))
 
   print(f"jax devices: {jax.devices()}; {args.env}, {args.num_envs} envs, block {cfg.block_size}, "
-        f"MLP {cfg.hidden_sizes}, batch {cfg.batch_size}")
+        f"MLP {cfg.hidden_sizes}, batch {cfg.batch_size}, "
+        f"{'synchronous' if synchronous else 'asynchronous'} CPU dispatch")
   raw, full, items, phases = bench_actor(args, cfg)
   print(f"(a) actor: raw vector env {raw:,.0f} env-steps/s | full actor (policy + adder + Reverb) "
         f"{full:,.0f} env-steps/s | ratio {full / raw:.2f} (target >= 0.5) | {items} items inserted")

@@ -28,7 +28,7 @@ import jax
 import launchpad as lp
 import numpy as np
 
-from jrl import envs, seeding
+from jrl import cpu_jit, envs, seeding
 from jrl.actors.actor import Actor, LocalPolicy
 from jrl.actors.evaluator import Evaluator
 from jrl.actors.inference import BatchedInference, InferenceClient
@@ -51,6 +51,9 @@ from jrl.replay.adders import make_block_writer
 from jrl.replay.batches import items_per_fetch
 from launch.supervisor import INCARNATION_ENV, RUN_DIR_ENV
 
+# Node processes import this module before they make any array: their loops all wait for
+# each result at once (see `jrl.cpu_jit.dispatch_synchronously`).
+cpu_jit.dispatch_synchronously()
 LOG_SECONDS = 1.0
 # Longest the evaluator waits for an inference server's statistics at the end.
 STATS_TIMEOUT_SECONDS = 10.0

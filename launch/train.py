@@ -61,6 +61,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       from jrl.device.runner import run_device  # gymnax envs; checks the env id itself
       run_device(exp, agent_cfg)
       return 0
+    from jrl.cpu_jit import dispatch_synchronously
+    dispatch_synchronously()  # before the first array: see its docstring
     from jrl.envs import check_env_id
     check_env_id(exp.env)
     if exp.distributed:
