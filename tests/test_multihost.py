@@ -75,11 +75,15 @@ def _train(args, env, timeout=900):
 
 @needs_cluster
 def test_dqn_spans_three_hosts_through_slurm_and_reaches_the_threshold(slurm, tmp_path):
+  # DQN's defaults (one update per env step), with exploration decayed over 10k env steps in
+  # all as in an embedded run: epsilon counts each actor's own steps, and 4 actors at the
+  # default 10k explored for 40k. Before, a run at 32 samples per insert (a quarter of the
+  # updates) and 40k of exploration reached 475 at 67.5k env steps, and once not within 100k.
   run_dir = str(tmp_path / "three-hosts")
   start = time.monotonic()
   out = _train(["--launcher", "slurm", "--hosts", HOSTS, "--placement", PLACEMENT, "--num_processes", "2",
                 "--num_actors", "4", "--inference", "server", "--steps", "100000", "--stop_at_threshold",
-                "--samples_per_insert", "32",
+                "--epsilon_decay_steps", "2500",
                 "--progress_seconds", "5", "--run_dir", run_dir], slurm)
   wall = time.monotonic() - start
   assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
