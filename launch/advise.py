@@ -543,10 +543,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   from jrl import compat
   from jrl.agents import get_agent
+  from jrl.cpu_jit import dispatch_synchronously
   from jrl.envs import check_env_id
   from jrl.errors import ConfigError
   from launch.cli import OneLineParser, add_dataclass_flags, build_config, fail
 
+  dispatch_synchronously()  # measured as runs run (launch.train, node processes)
   pre = argparse.ArgumentParser(add_help=False)
   pre.add_argument("--agent", default="dqn")
   known, _ = pre.parse_known_args(argv)

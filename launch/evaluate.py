@@ -47,6 +47,8 @@ def _check_video_path(path: str) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
+  from jrl.cpu_jit import dispatch_synchronously
+  dispatch_synchronously()  # as runs evaluate (see its docstring)
   parser = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holds config.json and policies/)")
   parser.add_argument("--which", default="best", choices=("best", "final", "latest"),
