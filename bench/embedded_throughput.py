@@ -1,7 +1,8 @@
 """Throughput of the embedded pieces, each against its bare baseline, in one run.
 
-(a) actor env-steps/s (policy, n-step adder and Reverb inserts; the policy for the
-    next step dispatched before this step's inserts, as in Reverb runs) vs raw
+(a) actor env-steps/s (policy, n-step adder and Reverb inserts; as in Reverb runs, the
+    policy for the next step dispatched before this step's inserts where dispatch is
+    asynchronous) vs raw
     stepping of the same vector env with random actions, and where the actor's
     time goes (microseconds per vector step, by phase);
 (b) learner updates/s fed from Reverb (sampling, cross-item shuffle, device
@@ -97,7 +98,8 @@ def bench_actor(args, cfg):
                        VariableClient(_StaticSource(networks.init(jax.random.PRNGKey(0))), 10**9), jax.random.PRNGKey(1))
   timer = report.PhaseTimer()
   actor = Actor(env, policy, adder=NStepTransitionAdder(args.num_envs, cfg.n_step, cfg.discount),
-                sink=blocks.add, timer=timer, dispatch_ahead=not args.no_dispatch_ahead)
+                sink=blocks.add, timer=timer,
+                dispatch_ahead=not args.no_dispatch_ahead and cpu_jit.dispatches_asynchronously())
   for _ in range(50):  # compile, fill the n-step windows
     actor.step()
   timer.start()
@@ -178,7 +180,8 @@ def main():
   parser.add_argument("--block_size", type=int, default=32)
   parser.add_argument("--updates_per_call", default="1,4,16")
   parser.add_argument("--prefetch", type=int, default=2)
-  parser.add_argument("--no_dispatch_ahead", action="store_true", help="the actor asks for actions after its inserts")
+  parser.add_argument("--no_dispatch_ahead", action="store_true",
+                      help="the actor asks for actions after its inserts (it does so anyway with synchronous dispatch)")
   args = parser.parse_args()
   synchronous = cpu_jit.dispatch_synchronously()
   cfg = dqn.Config(batch_size=args.batch_size, block_size=args.block_size,

@@ -95,6 +95,12 @@ def dispatch_synchronously() -> bool:
   return True
 
 
+def dispatches_asynchronously() -> bool:
+  """Whether a jitted call returns before its result is computed (an accelerator, or the CPU
+  with JAX's default), so that the caller can work meanwhile."""
+  return jax.default_backend() != "cpu" or jax.config.values.get("jax_cpu_enable_async_dispatch") is not False
+
+
 def _backends_made() -> bool:
   try:
     from jax._src import xla_bridge  # no public query; the switch is read when the CPU client is made

@@ -55,9 +55,10 @@ def _dispatch_in_fresh_process(code: str, **env) -> str:
 
 def test_dispatch_synchronously_before_the_first_array_and_not_after():
   before = ("import jax, jax.numpy as jnp\nfrom jrl import cpu_jit\nok = cpu_jit.dispatch_synchronously()\n"
-            "jnp.zeros(1)\nprint(ok, jax.config.values['jax_cpu_enable_async_dispatch'])")
-  assert _dispatch_in_fresh_process(before, JRL_CPU_ASYNC_DISPATCH="") == "True False"
-  assert _dispatch_in_fresh_process(before, JRL_CPU_ASYNC_DISPATCH="1") == "False True"
+            "jnp.zeros(1)\nprint(ok, jax.config.values['jax_cpu_enable_async_dispatch'], "
+            "cpu_jit.dispatches_asynchronously())")
+  assert _dispatch_in_fresh_process(before, JRL_CPU_ASYNC_DISPATCH="") == "True False False"
+  assert _dispatch_in_fresh_process(before, JRL_CPU_ASYNC_DISPATCH="1") == "False True True"
   after = ("import jax, jax.numpy as jnp\nfrom jrl import cpu_jit\njnp.zeros(1)\n"
            "print(cpu_jit.dispatch_synchronously(), jax.config.values['jax_cpu_enable_async_dispatch'])")
   assert _dispatch_in_fresh_process(after, JRL_CPU_ASYNC_DISPATCH="") == "False True"

@@ -76,7 +76,8 @@ class Actor:
   the adder and the replay insert run, so that a policy computing asynchronously (JAX
   dispatch on an accelerator, a remote server) overlaps them. The actions are then chosen
   with the parameters of that moment, one learner call older in the embedded loop; off
-  for `--deterministic` runs.
+  for `--deterministic` runs, and where CPU programs run synchronously (`jrl.cpu_jit`), which
+  leaves nothing to overlap.
   """
 
   def __init__(self, env: gym.vector.VectorEnv, policy: BatchedPolicy, adder=None,

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional
 import jax
 import numpy as np
 
-from jrl import compat, envs, jit_cache, seeding
+from jrl import compat, cpu_jit, envs, jit_cache, seeding
 from jrl.actors.actor import Actor, LocalPolicy
 from jrl.actors.evaluator import Evaluator
 from jrl.actors.variables import VariableClient
@@ -272,9 +272,10 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   variables = VariableClient(learner)
   # The learner times its parameter copies itself (the policy's fetch is a cached read otherwise).
   local_policy = LocalPolicy(agent.make_policy(networks, agent_cfg), variables, actor_key, num_envs=exp.num_envs)
-  # Seeded runs ask for actions after the learner's call (same bytes); Reverb runs overlap the policy with inserts.
+  # Seeded runs ask for actions after the learner's call (same bytes); Reverb runs overlap the policy with
+  # inserts where the policy computes asynchronously (not with synchronous CPU dispatch: nothing to overlap).
   actor = Actor(env, local_policy, adder=adder, sink=block_writer.add, timer=timer,
-                dispatch_ahead=not exp.deterministic)
+                dispatch_ahead=not exp.deterministic and cpu_jit.dispatches_asynchronously())
   evaluator_seed = seeding.env_seed(exp.seed, "evaluator")
   evaluator = Evaluator(exp.env, agent.make_policy(networks, agent_cfg, evaluation=True),
                         exp.eval_episodes, seed=evaluator_seed)
