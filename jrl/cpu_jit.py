@@ -6,7 +6,7 @@ On XLA's CPU backend a small program pays more for how it is run than for its
 arithmetic: DQN's CartPole policy (an MLP on 8 observations, epsilon-greedy) takes
 ~100 us per call under jax 0.6's default thunk runtime with Eigen's thread pool, and
 ~22 us compiled for the older whole-program runtime on one thread (same actions, bit for
-bit). Larger programs (MinAtar's CNN on 8 observations, 2.7 MFLOP: 175 us by default,
+bit; a Gaussian policy's float actions may differ in the last bit). Larger programs (MinAtar's CNN on 8 observations, 2.7 MFLOP: 175 us by default,
 241 us so) run faster with the defaults, so the choice is made from the program's FLOPs, on the shapes of its first call; it depends
 on nothing else, so runs stay reproducible. XLA versions without an option simply do
 not get it (the newest have no legacy runtime, and gain nothing from one thread).
