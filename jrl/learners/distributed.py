@@ -12,5 +12,10 @@ def initialize(coordinator_address: str, num_processes: int, process_id: int) ->
   if num_processes <= 1:
     return
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  # Processes of one mesh keep JAX's asynchronous CPU dispatch (`jrl.cpu_jit.dispatch_synchronously`
+  # is for single-process loops): a two-process embedded run with synchronous dispatch once hung
+  # after joining, on the 3.12 core (not reproduced in 3 runs), and these runs were only ever
+  # tested asynchronous before.
+  jax.config.update("jax_cpu_enable_async_dispatch", True)
   jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
                              process_id=process_id)
