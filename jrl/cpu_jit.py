@@ -83,6 +83,7 @@ def dispatch_synchronously() -> bool:
   machine, alternating runs: full actor 22.0-23.4k -> 24.0-25.7k env-steps/s; learner fed
   from Reverb at 4 updates/call 0.74-0.80 -> 0.84-0.96 of the bare loop. Results are the same
   bytes. Call it before JAX makes its CPU client (the first array); later it changes nothing.
+  Processes that join a multi-process mesh switch back (`jrl.learners.distributed.initialize`).
   $JRL_CPU_ASYNC_DISPATCH=1 keeps JAX's default. Returns whether dispatch is now synchronous."""
   if os.environ.get(ASYNC_DISPATCH_ENV) == "1":
     return False
