@@ -6,10 +6,16 @@ On XLA's CPU backend a small program pays more for how it is run than for its
 arithmetic: DQN's CartPole policy (an MLP on 8 observations, epsilon-greedy) takes
 ~100 us per call under jax 0.6's default thunk runtime with Eigen's thread pool, and
 ~22 us compiled for the older whole-program runtime on one thread (same actions, bit for
-bit; a Gaussian policy's float actions may differ in the last bit). Larger programs (MinAtar's CNN on 8 observations, 2.7 MFLOP: 175 us by default,
-241 us so) run faster with the defaults, so the choice is made from the program's FLOPs, on the shapes of its first call; it depends
-on nothing else, so runs stay reproducible. XLA versions without an option simply do
-not get it (the newest have no legacy runtime, and gain nothing from one thread).
+bit; a Gaussian policy's float actions may differ in the last bit). Larger programs
+(MinAtar's CNN on 8 observations, 2.7 MFLOP: 175 us by default, 241 us so) run faster
+with the defaults, so the choice is made from the program's FLOPs, on the shapes of its
+first call; it depends on nothing else, so runs stay reproducible. XLA versions without
+an option simply do not get it (the newest have no legacy runtime, and gain nothing from
+one thread).
+
+`dispatch_synchronously` / `dispatch_asynchronously`: whether a jitted CPU call runs in the
+calling thread or is handed to XLA's worker thread (set once per process, before the first
+array).
 """
 
 import functools
@@ -18,6 +24,8 @@ from typing import Any, Callable, Dict, Optional
 
 import jax
 import jax.numpy as jnp
+
+ASYNC_DISPATCH_FLAG = "jax_cpu_enable_async_dispatch"  # JAX's switch, read when it makes its CPU client
 
 # Up to this many FLOPs per call a program runs with SMALL_PROGRAM_OPTIONS (DQN's CartPole
 # policy: 0.075 MFLOP on 8 envs, 100 -> 22 us; 0.6 MFLOP on 64, 92 -> 61 us).
@@ -66,6 +74,8 @@ class jit_per_step:  # noqa: N801 - used like jax.jit
 
   def __call__(self, *args):
     if self._jitted is None:
+      # A jax.jit with options rather than the lowered program compiled: its calls take jax.jit's
+      # fast path (29 us a call against 37 us through `Lowered.compile()`, measured once), and the trace is shared.
       self.compiler_options = compiler_options_for(self._fn, *args)
       self._jitted = jax.jit(self._fn, compiler_options=self.compiler_options)
     return self._jitted(*args)
@@ -80,26 +90,32 @@ def dispatch_synchronously() -> bool:
   Every jrl loop waits for its results at once (the actor for its actions, the learner for
   its metrics), so the handoff only adds a thread wake-up per call and, on a machine with
   few cores, a thread competing with the env and Reverb's threads. `make bench`, same
-  machine, alternating runs: full actor 22.0-23.4k -> 24.0-25.7k env-steps/s; learner fed
-  from Reverb at 4 updates/call 0.74-0.80 -> 0.84-0.96 of the bare loop. Results are the same
+  machine, four alternating runs each: full actor 21.5-23.4k -> 24.0-25.7k env-steps/s; learner
+  fed from Reverb at 4 updates/call 0.74, 0.75, 0.80, 0.92 -> 0.84-0.96 of the bare loop. Results are the same
   bytes. Call it before JAX makes its CPU client (the first array); later it changes nothing.
   Processes that join a multi-process mesh switch back (`jrl.learners.distributed.initialize`).
   $JRL_CPU_ASYNC_DISPATCH=1 keeps JAX's default. Returns whether dispatch is now synchronous."""
   if os.environ.get(ASYNC_DISPATCH_ENV) == "1":
     return False
   if _backends_made():
-    return jax.config.values.get("jax_cpu_enable_async_dispatch") is False  # too late to change it
+    return jax.config.values.get(ASYNC_DISPATCH_FLAG) is False  # too late to change it
   try:
-    jax.config.update("jax_cpu_enable_async_dispatch", False)
+    jax.config.update(ASYNC_DISPATCH_FLAG, False)
   except (AttributeError, KeyError):  # a JAX without the switch
     return False
   return True
 
 
+def dispatch_asynchronously() -> None:
+  """JAX's default back, for a process that joins a multi-process mesh (see
+  `jrl.learners.distributed.initialize`); like `dispatch_synchronously`, before the first array."""
+  jax.config.update(ASYNC_DISPATCH_FLAG, True)
+
+
 def dispatches_asynchronously() -> bool:
   """Whether a jitted call returns before its result is computed (an accelerator, or the CPU
   with JAX's default), so that the caller can work meanwhile."""
-  return jax.default_backend() != "cpu" or jax.config.values.get("jax_cpu_enable_async_dispatch") is not False
+  return jax.default_backend() != "cpu" or jax.config.values.get(ASYNC_DISPATCH_FLAG) is not False
 
 
 def _backends_made() -> bool:

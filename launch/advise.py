@@ -417,8 +417,8 @@ def measure(agent_name: str, env_id: str, cfg, seconds: float = 0.5, env_sizes: 
 
     from jrl import envs
     from jrl.actors.actor import Actor, LocalPolicy
-    from jrl.cpu_jit import jit_per_step
     from jrl.actors.variables import VariableClient
+    from jrl.cpu_jit import jit_per_step
     from jrl.experiment import report
     from jrl.experiment.builder import build_agent_parts, example_item, make_adder
     from jrl.learners import sharding

@@ -54,6 +54,7 @@ from launch.supervisor import INCARNATION_ENV, RUN_DIR_ENV
 # Node processes import this module before they make any array: their loops all wait for
 # each result at once (see `jrl.cpu_jit.dispatch_synchronously`).
 cpu_jit.dispatch_synchronously()
+
 LOG_SECONDS = 1.0
 # Longest the evaluator waits for an inference server's statistics at the end.
 STATS_TIMEOUT_SECONDS = 10.0

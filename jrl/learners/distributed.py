@@ -2,6 +2,8 @@
 
 import jax
 
+from jrl import cpu_jit
+
 
 def initialize(coordinator_address: str, num_processes: int, process_id: int) -> None:
   """`jax.distributed.initialize`, with gloo collectives when the backend is the CPU.
@@ -16,6 +18,6 @@ def initialize(coordinator_address: str, num_processes: int, process_id: int) ->
   # is for single-process loops): a two-process embedded run with synchronous dispatch once hung
   # after joining, on the 3.12 core (not reproduced in 3 runs), and these runs were only ever
   # tested asynchronous before.
-  jax.config.update("jax_cpu_enable_async_dispatch", True)
+  cpu_jit.dispatch_asynchronously()
   jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
                              process_id=process_id)
