@@ -134,7 +134,7 @@ class _ReferenceNStepAdder:
                       np.repeat(final_obs[None], count, axis=0))
 
 
-@pytest.mark.parametrize("n_step", [1, 3])
+@pytest.mark.parametrize("n_step", [1, 3, 5])
 def test_adder_fast_paths_store_exactly_what_the_plain_adder_stored(n_step):
   """A random stream with terminations and truncations: the same transitions, in the same
   order, to the byte; and no returned array is overwritten by later steps."""

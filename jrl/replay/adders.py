@@ -36,10 +36,6 @@ def _num_rows(tree: Any) -> int:
   return len(jax.tree_util.tree_leaves(tree)[0])
 
 
-def _empty_like(obs: np.ndarray, action: np.ndarray) -> Transition:
-  return Transition(obs[:0], action[:0], np.zeros(0, np.float32), np.zeros(0, np.float32), obs[:0])
-
-
 class NStepTransitionAdder:
   """n-step transitions from a vector env, episode boundaries handled.
 
@@ -49,9 +45,11 @@ class NStepTransitionAdder:
   observation: discount 0 on termination (no bootstrap), gamma^k on truncation
   (bootstrap from the final observation).
 
-  The common case (no episode ended) is vectorised over envs; ends are rare. This is
-  the actor's hot path (every env step): the steady state, where every env has a full
-  window and none ended, takes no masks and no concatenation.
+  This is the actor's hot path (every env step). The steady state, where every env has a
+  full window and none ended, takes no masks and no gathers; every other step (episode
+  ends, and the first n-1 steps) is one vectorised gather over envs and window starts,
+  with no Python loop over envs: with short episodes, ends come nearly every vector step.
+  Returns are float64 sums, oldest reward first, cast to float32.
   """
 
   def __init__(self, num_envs: int, n_step: int, discount: float):
@@ -65,8 +63,7 @@ class NStepTransitionAdder:
     self._act: Optional[np.ndarray] = None      # [n, E, *act]
     self._rew = np.zeros((n_step, num_envs), np.float32)
     self._powers = self._gamma ** np.arange(n_step, dtype=np.float64)
-    self._powers_column = self._powers[:, None]
-    self._all_full = False  # every env's window holds n steps
+    self._set_tables()  # and `_all_full`: every env's window holds n steps
 
   def add(self, obs, action, reward, terminated, truncated, next_obs, extras=None) -> Transition:
     """Adds one vector step; returns the transitions completed by it (`extras` are not kept)."""
@@ -90,44 +87,50 @@ class NStepTransitionAdder:
       return Transition(self._obs[0].copy(), self._act[0].copy(), self._returns(),
                         np.full(self._num_envs, self._gamma ** n, np.float32), next_obs.copy())
 
-    parts = []
+    # Every other case in one gather: each full window whose env goes on (its oldest start),
+    # then every window of each env whose episode ended (env by env, oldest start first),
+    # which bootstraps from the true final observation.
     full = self._count == n
     if any_done:
       full &= ~done
-    if full.any():
-      parts.append(Transition(self._obs[0, full], self._act[0, full], self._returns()[full],
-                              np.full(int(full.sum()), self._gamma ** n, np.float32), next_obs[full]))
+    full_envs = np.flatnonzero(full)
+    ended = np.flatnonzero(done) if any_done else full_envs[:0]
+    counts = self._count[ended]
+    envs = np.concatenate([full_envs, np.repeat(ended, counts)])
+    starts = np.concatenate([np.zeros(len(full_envs), np.int64),
+                             np.nonzero(self._starts[None, :] >= (n - counts)[:, None])[1]])
+    transitions = Transition(self._obs[starts, envs], self._act[starts, envs],
+                             self._window_returns()[starts, envs].astype(np.float32),
+                             np.where(np.asarray(terminated)[envs], 0.0, self._horizon_discounts[n - starts])
+                             .astype(np.float32),
+                             next_obs[envs])
     if any_done:
-      for env in np.flatnonzero(done):
-        parts.append(self._flush(env, bool(terminated[env]), next_obs[env]))
-        self._count[env] = 0
+      self._count[ended] = 0
       self._all_full = False
-    if len(parts) == 1:
-      return parts[0]
-    return _concat(parts) if parts else _empty_like(obs, action)
+    return transitions
 
   def __setstate__(self, state):  # also adders pickled (in checkpoints) before the fast paths
     self.__dict__.update(state)
+    self._set_tables()
+
+  def _set_tables(self) -> None:
     self._powers_column = self._powers[:, None]
+    self._starts = np.arange(self._n)
+    self._horizon_discounts = np.asarray([self._gamma ** h for h in range(self._n + 1)])
     self._all_full = bool(self._count.min() == self._n)
 
   def _returns(self) -> np.ndarray:
     """[E] discounted sums of every env's window (float64 sums, as float32)."""
     return (self._powers_column * self._rew).sum(0).astype(np.float32)
 
-  def _flush(self, env: int, terminated: bool, final_obs: np.ndarray) -> Transition:
-    count = int(self._count[env])
-    starts = range(self._n - count, self._n)
-    rewards = self._rew[:, env].astype(np.float64)
-    returns, discounts = [], []
-    for s in starts:
-      horizon = self._n - s
-      returns.append((self._powers[:horizon] * rewards[s:]).sum())
-      discounts.append(0.0 if terminated else self._gamma ** horizon)
-    # Copies: the history is shifted in place by the next step.
-    return Transition(self._obs[self._n - count:, env].copy(), self._act[self._n - count:, env].copy(),
-                      np.asarray(returns, np.float32), np.asarray(discounts, np.float32),
-                      np.repeat(final_obs[None], count, axis=0))
+  def _window_returns(self) -> np.ndarray:
+    """[n, E] float64: the discounted sum of rewards from start s to the window's end, for
+    every start s; summed oldest reward first, as `_returns` sums a full window."""
+    rewards = self._rew.astype(np.float64)
+    sums = self._powers[0] * rewards
+    for k in range(1, self._n):
+      sums[:-k] += self._powers[k] * rewards[k:]
+    return sums
 
 
 class SequenceAdder:
