@@ -36,7 +36,7 @@ from jrl.actors.variables import VariableClient
 from jrl.errors import Stopped
 from jrl.experiment import plots, report
 from jrl.experiment.bookkeeping import EvalHistory
-from jrl.experiment.builder import build_agent_parts, example_item, make_adder, success_threshold
+from jrl.experiment.builder import build_agent_parts, env_spec_of, example_item, make_adder, success_threshold
 from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import CHECKPOINTS_DIR, SUMMARY_FILE, write_json
@@ -52,7 +52,7 @@ from jrl.replay.batches import items_per_fetch
 from launch.supervisor import INCARNATION_ENV, RUN_DIR_ENV
 
 # Node processes import this module before they make any array: their loops all wait for
-# each result at once (see `jrl.cpu_jit.dispatch_synchronously`).
+# each result at once (see `jrl.cpu_jit.dispatch_synchronously`; actors on images switch back).
 cpu_jit.dispatch_synchronously()
 
 LOG_SECONDS = 1.0
@@ -481,7 +481,10 @@ class ActorNode:
   def run(self):
     exit_soon_after_stop()
     exp, cfg = self._exp, self._cfg
-    parts = build_agent_parts(exp.agent, exp.env, cfg)
+    env_spec = env_spec_of(exp.env)
+    # A local policy on images computes its next actions while the adder and the inserts run.
+    ahead = cpu_jit.choose_dispatch(env_spec.observation_shape) and self._inference is None
+    parts = build_agent_parts(exp.agent, exp.env, cfg, env_spec)
     seed, key = node_seeds(exp.seed, "actor", self._id, self._session.number)
     env = envs.make_vector_env(exp.env, exp.num_envs, seed)
     timer = report.PhaseTimer()
@@ -499,10 +502,11 @@ class ActorNode:
     writer = TimedItemWriter(self._replay, stop=lp.stop_event(), deadline_s=exp.service_deadline_seconds, log=log)
     writer.timer = timer
     blocks = make_block_writer(parts.replay_spec, writer)
-    actor = Actor(env, policy, make_adder(parts.replay_spec, exp.num_envs, cfg), sink=blocks.add, timer=timer)
+    actor = Actor(env, policy, make_adder(parts.replay_spec, exp.num_envs, cfg), sink=blocks.add, timer=timer,
+                  dispatch_ahead=ahead)
     logger = metrics_logger(self._session, f"actor{self._id}")
     log(f"actor {self._id} acting on {host_name()} (session {self._session.number}, incarnation {incarnation()}, "
-        f"env seed {seed})")
+        f"env seed {seed}{', next actions asked ahead' if ahead else ''})")
     name = f"actor/{self._id}"
     self._lags: Dict[str, int] = {}  # policy lag (learner calls) -> times seen
     self._times = TimesFile(self._session, name, lambda: {"nodes": [timer.node(name, "actor").as_dict()],

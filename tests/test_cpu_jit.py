@@ -62,3 +62,25 @@ def test_dispatch_synchronously_before_the_first_array_and_not_after():
   after = ("import jax, jax.numpy as jnp\nfrom jrl import cpu_jit\njnp.zeros(1)\n"
            "print(cpu_jit.dispatch_synchronously(), jax.config.values['jax_cpu_enable_async_dispatch'])")
   assert _dispatch_in_fresh_process(after, JRL_CPU_ASYNC_DISPATCH="") == "False True"
+
+
+def test_choose_dispatch_makes_image_processes_asynchronous_and_leaves_vectors_synchronous():
+  code = ("import sys, jax, jax.numpy as jnp\nfrom jrl import cpu_jit\ncpu_jit.dispatch_synchronously()\n"
+          "shape = tuple(int(x) for x in sys.argv[1].split(','))\nok = cpu_jit.choose_dispatch(shape)\n"
+          "jnp.zeros(1)\nprint(ok, cpu_jit.dispatches_asynchronously())")
+
+  def run(shape: str, env: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code, shape], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "JRL_CPU_ASYNC_DISPATCH": env})
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+  assert run("10,10,4", "") == "True True"      # MinAtar planes
+  assert run("84,84,4", "") == "True True"      # Atari frames
+  assert run("4", "") == "False False"          # CartPole: stays synchronous
+  assert run("84,84,4", "0") == "False False"   # kept synchronous on request
+  assert run("4", "1") == "True True"           # JAX's default everywhere on request
+  # Too late once JAX has made its CPU client: the process keeps what it has.
+  late = ("import jax.numpy as jnp\nfrom jrl import cpu_jit\ncpu_jit.dispatch_synchronously()\njnp.zeros(1)\n"
+          "print(cpu_jit.choose_dispatch((84, 84, 4)))")
+  assert _dispatch_in_fresh_process(late, JRL_CPU_ASYNC_DISPATCH="") == "False"

@@ -23,16 +23,23 @@ class AgentParts(NamedTuple):
   replay_spec: ReplaySpec
 
 
-def build_agent_parts(agent_name: str, env_id: str, agent_cfg) -> AgentParts:
-  """Checks agent and env (ConfigError on a mismatch) and builds networks and replay spec."""
-  agent = get_agent(agent_name)
+def env_spec_of(env_id: str) -> EnvSpec:
+  """The env's spaces as jrl describes them, from one env made and closed (no JAX arrays)."""
   if env_id.startswith("gymnax:"):  # a device-backend run (e.g. reloading its policy)
     from jrl.device.envs import env_spec as gymnax_env_spec
-    env_spec = gymnax_env_spec(env_id)
-  else:
-    probe = envs.make_vector_env(env_id, 1, seed=0)
-    env_spec = envs.env_spec(probe)
-    probe.close()
+    return gymnax_env_spec(env_id)
+  probe = envs.make_vector_env(env_id, 1, seed=0)
+  spec = envs.env_spec(probe)
+  probe.close()
+  return spec
+
+
+def build_agent_parts(agent_name: str, env_id: str, agent_cfg, env_spec: Optional[EnvSpec] = None) -> AgentParts:
+  """Checks agent and env (ConfigError on a mismatch) and builds networks and replay spec
+  (`env_spec`: the env's, if already made with `env_spec_of`)."""
+  agent = get_agent(agent_name)
+  if env_spec is None:
+    env_spec = env_spec_of(env_id)
   networks = agent.make_networks(env_spec, agent_cfg)
   return AgentParts(agent, env_spec, networks, agent.make_replay_spec(agent_cfg))
 

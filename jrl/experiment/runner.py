@@ -28,7 +28,7 @@ from jrl.actors.evaluator import Evaluator
 from jrl.actors.variables import VariableClient
 from jrl.experiment import plots, report
 from jrl.experiment.bookkeeping import EvalHistory
-from jrl.experiment.builder import build_agent_parts, example_item, make_adder, success_threshold
+from jrl.experiment.builder import build_agent_parts, env_spec_of, example_item, make_adder, success_threshold
 from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule, checkpoint_to_resume
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import (CHECKPOINTS_DIR, CONFIG_FILE, SUMMARY_FILE, check_run_dir_target, config_payload,
@@ -242,7 +242,9 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   entered = time.perf_counter()
   jit_cache.enable_compilation_cache()  # a rerun loads its compiled programs (JRL_JAX_CACHE=off: never)
   distributed.initialize(exp.coordinator_address, exp.num_processes, exp.process_id)
-  parts = build_agent_parts(exp.agent, exp.env, agent_cfg)
+  env_spec = env_spec_of(exp.env)
+  cpu_jit.choose_dispatch(env_spec.observation_shape)  # before the networks make JAX's CPU client
+  parts = build_agent_parts(exp.agent, exp.env, agent_cfg, env_spec)
   agent, networks, replay_spec = parts.agent, parts.networks, parts.replay_spec
   mesh = sharding.make_mesh(exp.learner_devices)
   sharding.check_batch_size(agent_cfg.batch_size, mesh)
@@ -273,7 +275,7 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   # The learner times its parameter copies itself (the policy's fetch is a cached read otherwise).
   local_policy = LocalPolicy(agent.make_policy(networks, agent_cfg), variables, actor_key, num_envs=exp.num_envs)
   # Seeded runs ask for actions after the learner's call (same bytes); Reverb runs overlap the policy with
-  # inserts where the policy computes asynchronously (not with synchronous CPU dispatch: nothing to overlap).
+  # inserts where the policy computes asynchronously (images: `cpu_jit.choose_dispatch`).
   actor = Actor(env, local_policy, adder=adder, sink=block_writer.add, timer=timer,
                 dispatch_ahead=not exp.deterministic and cpu_jit.dispatches_asynchronously())
   evaluator_seed = seeding.env_seed(exp.seed, "evaluator")
