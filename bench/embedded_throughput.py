@@ -4,15 +4,18 @@
     policy for the next step dispatched before this step's inserts where dispatch is
     asynchronous) vs raw
     stepping of the same vector env with random actions, and where the actor's
-    time goes (microseconds per vector step, by phase);
+    time goes (microseconds per vector step, by phase); then the actor with its envs in
+    `--env_groups` groups taking turns against one group;
 (b) learner updates/s fed from Reverb (sampling, cross-item shuffle, device
     prefetch) vs the bare jitted update loop on a fixed device batch, and the learner
     shell on that fixed batch (its own cost, without the feed).
 
   .venv/bin/python bench/embedded_throughput.py [--seconds 5] [--num_envs 8] ...
 
-JAX dispatches CPU programs synchronously here, as in runs (`jrl.cpu_jit.dispatch_synchronously`);
-JRL_CPU_ASYNC_DISPATCH=1 measures JAX's default asynchronous dispatch instead.
+JAX dispatches CPU programs as runs do (`jrl.cpu_jit`: synchronously, asynchronously for image
+observations); JRL_CPU_ASYNC_DISPATCH=1 measures JAX's asynchronous dispatch everywhere, =0
+synchronous dispatch everywhere. `--env MinAtar/Breakout-v1` or `ALE/Breakout-v5` measure the
+actor with DQN's CNN.
 """
 
 import argparse
@@ -29,7 +32,7 @@ from jrl.actors.variables import VariableClient
 from jrl.agents import dqn
 from jrl.experiment import report
 from jrl.experiment import runner
-from jrl.experiment.builder import build_agent_parts, example_transition
+from jrl.experiment.builder import AgentParts, build_agent_parts, env_spec_of, example_transition, make_actor
 from jrl.experiment.config import ExperimentConfig
 from jrl.learners import sharding
 from jrl.learners.learner import Learner, make_multi_update
@@ -119,6 +122,29 @@ def bench_actor(args, cfg):
   return raw, full, items, phases
 
 
+def bench_env_groups(args, cfg):
+  """The full actor with its envs in `args.env_groups` groups taking turns (`GroupedActor`:
+  each group's next actions computed while the others step) against one group, same envs."""
+  env_spec = envs.env_spec(envs.make_vector_env(args.env, 1, seed=0))
+  networks = dqn.make_networks(env_spec, cfg)
+  params = networks.init(jax.random.PRNGKey(0))
+  server, address = _server(env_spec, cfg.block_size, 200_000)
+  writer = reverb_replay.ReverbItemWriter(reverb.Client(address))
+  parts = AgentParts(dqn, env_spec, networks, dqn.make_replay_spec(cfg))
+  ahead = not args.no_dispatch_ahead and cpu_jit.dispatches_asynchronously()
+  actors = []
+  for groups in (1, args.env_groups):
+    exp = ExperimentConfig(env=args.env, num_envs=args.num_envs, env_groups=groups)
+    source = (VariableClient(_StaticSource(params), 10**9), jax.random.PRNGKey(1), None)
+    actors.append(make_actor(exp, parts, cfg, source, 0, BlockWriter(writer, cfg.block_size).add, None, ahead))
+  for _ in range(20):  # compile
+    for actor in actors:
+      actor.step()
+  rates = _interleaved_rates([actor.step for actor in actors], 2 * args.seconds, args.num_envs)
+  server.stop()
+  return rates
+
+
 def bench_learner(args, cfg, updates_per_call: int):
   env = envs.make_vector_env(args.env, 1, seed=0)
   env_spec = envs.env_spec(env)
@@ -180,20 +206,27 @@ def main():
   parser.add_argument("--block_size", type=int, default=32)
   parser.add_argument("--updates_per_call", default="1,4,16")
   parser.add_argument("--prefetch", type=int, default=2)
+  parser.add_argument("--env_groups", type=int, default=2,
+                      help="also measure the actor with its envs in this many groups against one group (1: skip)")
   parser.add_argument("--no_dispatch_ahead", action="store_true",
                       help="the actor asks for actions after its inserts (it does so anyway with synchronous dispatch)")
   args = parser.parse_args()
-  synchronous = cpu_jit.dispatch_synchronously()
+  cpu_jit.dispatch_synchronously()
+  synchronous = not cpu_jit.choose_dispatch(env_spec_of(args.env).observation_shape)  # as runs choose
   cfg = dqn.Config(batch_size=args.batch_size, block_size=args.block_size,
                    hidden_sizes=tuple(int(h) for h in args.hidden_sizes.split(",")))
 
   print(f"jax devices: {jax.devices()}; {args.env}, {args.num_envs} envs, block {cfg.block_size}, "
-        f"MLP {cfg.hidden_sizes}, batch {cfg.batch_size}, "
+        f"DQN torso {cfg.torso} (hidden {cfg.hidden_sizes}), batch {cfg.batch_size}, "
         f"{'synchronous' if synchronous else 'asynchronous'} CPU dispatch")
   raw, full, items, phases = bench_actor(args, cfg)
   print(f"(a) actor: raw vector env {raw:,.0f} env-steps/s | full actor (policy + adder + Reverb) "
         f"{full:,.0f} env-steps/s | ratio {full / raw:.2f} (target >= 0.5) | {items} items inserted")
   print("    actor us per vector step: " + ", ".join(f"{k} {v:.0f}" for k, v in phases.items()))
+  if args.env_groups > 1:
+    one, grouped = bench_env_groups(args, cfg)
+    print(f"(a) actor with its envs in {args.env_groups} groups (--env_groups {args.env_groups}) {grouped:,.0f} "
+          f"env-steps/s | one group {one:,.0f} | ratio {grouped / one:.2f}")
   for u in (int(x) for x in args.updates_per_call.split(",")):
     bare, shell, fed, num_items, phases = bench_learner(args, cfg, u)
     print(f"(b) learner, {u:>2} updates/call: bare jitted {bare:,.0f} updates/s | fed from Reverb {fed:,.0f} updates/s "

@@ -28,15 +28,14 @@ import jax
 import launchpad as lp
 import numpy as np
 
-from jrl import cpu_jit, envs, seeding
-from jrl.actors.actor import Actor, LocalPolicy
+from jrl import cpu_jit, seeding
 from jrl.actors.evaluator import Evaluator
 from jrl.actors.inference import BatchedInference, InferenceClient
 from jrl.actors.variables import VariableClient
 from jrl.errors import Stopped
 from jrl.experiment import plots, report
 from jrl.experiment.bookkeeping import EvalHistory
-from jrl.experiment.builder import build_agent_parts, env_spec_of, example_item, make_adder, success_threshold
+from jrl.experiment.builder import build_agent_parts, env_spec_of, example_item, make_actor, success_threshold
 from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import CHECKPOINTS_DIR, SUMMARY_FILE, write_json
@@ -486,14 +485,10 @@ class ActorNode:
     ahead = cpu_jit.choose_dispatch(env_spec.observation_shape) and self._inference is None
     parts = build_agent_parts(exp.agent, exp.env, cfg, env_spec)
     seed, key = node_seeds(exp.seed, "actor", self._id, self._session.number)
-    env = envs.make_vector_env(exp.env, exp.num_envs, seed)
     timer = report.PhaseTimer()
     if self._inference is None:
       variables = VariableClient(AsyncRemoteVariables(self._learner), exp.variable_update_period)
-      policy = LocalPolicy(parts.agent.make_policy(parts.networks, cfg), variables, key, num_envs=exp.num_envs,
-                           timer=timer)
-      if continues(self._session):
-        policy.restore(continued_exploration(policy.state(), self._steps_per_actor()))
+      policy = (variables, key, timer)  # the agent's policy, made in this process by make_actor
     else:
       server_id = self._id % exp.num_inference_servers
       infer = ServiceCall(self._inference, "infer", f"inference server inference/{server_id} "
@@ -502,8 +497,10 @@ class ActorNode:
     writer = TimedItemWriter(self._replay, stop=lp.stop_event(), deadline_s=exp.service_deadline_seconds, log=log)
     writer.timer = timer
     blocks = make_block_writer(parts.replay_spec, writer)
-    actor = Actor(env, policy, make_adder(parts.replay_spec, exp.num_envs, cfg), sink=blocks.add, timer=timer,
-                  dispatch_ahead=ahead)
+    actor = make_actor(exp, parts, cfg, policy, seed, blocks.add, timer, dispatch_ahead=ahead)
+    policy = actor.policy
+    if self._inference is None and continues(self._session):
+      policy.restore(continued_exploration(policy.state(), self._steps_per_actor()))
     logger = metrics_logger(self._session, f"actor{self._id}")
     log(f"actor {self._id} acting on {host_name()} (session {self._session.number}, incarnation {incarnation()}, "
         f"env seed {seed}{', next actions asked ahead' if ahead else ''})")

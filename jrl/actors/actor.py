@@ -6,7 +6,7 @@ jitted `select_action` in this process (IMPALA-style); a remote policy such as
 """
 
 import pickle
-from typing import Any, Callable, Dict, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import gymnasium as gym
 import jax
@@ -133,6 +133,9 @@ class Actor:
     self.env_steps += self.num_envs
     return self._tracker.update(reward, done)
 
+  def close(self) -> None:
+    self._env.close()
+
   def state(self) -> Dict[str, Any]:
     """Everything needed to continue exactly from here: observations, episode
     statistics, the adder's partial windows, the policy state and, where the
@@ -167,3 +170,126 @@ class Actor:
     self._is_first = np.ones(self.num_envs, bool)
     self._ahead = None
     return False
+
+
+def per_env_leaves(init: Callable[[PRNGKey, int], Any], key: PRNGKey, num_envs: int) -> Any:
+  """The policy state's tree with True for leaves that hold one row per env (a recurrent
+  core) and False for shared ones (the key, the env-step count): the leaves whose shape
+  follows `num_envs` when the state is made abstractly for one env more."""
+  made = jax.eval_shape(lambda k: init(k, num_envs), key)
+  one_more = jax.eval_shape(lambda k: init(k, num_envs + 1), key)
+  return jax.tree_util.tree_map(lambda a, b: a.shape != b.shape, made, one_more)
+
+
+class GroupedPolicy:
+  """`LocalPolicy` for envs stepped in `groups` groups of equal size (`GroupedActor`).
+
+  One policy state serves every env: a call for group g acts on g's observations with g's
+  rows of the per-env leaves and the shared leaves as they are, then writes both back. The
+  key is split once per call and the env-step count (exploration schedules) grows by the
+  group's envs, so the schedule follows the actor's env steps as with one group. Actions
+  differ from one policy call over all envs (other random draws), not in distribution.
+  """
+
+  def __init__(self, policy: PolicyFns, variables: VariableClient, key: PRNGKey, num_envs: int, groups: int,
+               timer=None):
+    if groups < 1 or num_envs % groups:
+      raise ValueError(f"{num_envs} envs do not split into {groups} equal groups")
+    size = self.group_size = num_envs // groups
+    per_env = per_env_leaves(policy.init, key, num_envs)
+
+    def select_for_group(params, obs, is_first, state, first_env):
+      rows = jax.tree_util.tree_map(
+          lambda leaf, mine: jax.lax.dynamic_slice_in_dim(leaf, first_env, size) if mine else leaf, state, per_env)
+      action, extras, new_rows = policy.select_action(params, obs, is_first, rows)
+      state = jax.tree_util.tree_map(
+          lambda leaf, new, mine: jax.lax.dynamic_update_slice_in_dim(leaf, new, first_env, 0) if mine else new,
+          state, new_rows, per_env)
+      return action, extras, state
+
+    self._select = jit_per_step(select_for_group)
+    self._state = policy.init(key, num_envs)
+    self._variables = variables
+    self.version = variables.version
+    self.groups = [_PolicyGroup(self, np.int32(g * size)) for g in range(groups)]
+    self.timer = timer if timer is not None else NULL_TIMER
+
+  def act(self, first_env: np.int32, obs: np.ndarray, is_first: np.ndarray) -> Tuple[Any, Dict[str, Any]]:
+    self.timer.enter(PARAM_FETCH)
+    self._variables.maybe_update()
+    self.timer.exit()
+    self.version = self._variables.version
+    action, extras, self._state = self._select(self._variables.params, obs, is_first, self._state, first_env)
+    return action, extras
+
+  def state(self) -> Any:
+    return jax.device_get(self._state)
+
+  def restore(self, state: Any) -> None:
+    self._state = jax.device_put(state)
+
+
+class _PolicyGroup:
+  """One group's `BatchedPolicy` view of a `GroupedPolicy` (the state is the grouped policy's)."""
+
+  def __init__(self, policy: GroupedPolicy, first_env: np.int32):
+    self._policy, self._first_env = policy, first_env
+    self.version = policy.version
+    self.extras: Dict[str, Any] = {}
+
+  def __call__(self, obs: np.ndarray, is_first: np.ndarray) -> Any:
+    action, self.extras = self._policy.act(self._first_env, obs, is_first)
+    self.version = self._policy.version
+    return action
+
+
+class GroupedActor:
+  """The envs stepped in groups that take turns, each with its own vector env, adder and
+  episode tracker (one `Actor` per group), sharing one `GroupedPolicy` and the sink.
+
+  With `dispatch_ahead` and a policy that computes asynchronously, a group asks for its next
+  actions right after its env step, and XLA computes them while the other groups step: with
+  two groups, half of the envs are always in flight (`--env_groups 2`). It pays where the
+  policy is costly (a CNN on frames) and costs a second policy call per vector step where it
+  is not. Same interface as `Actor` for the runner and the actor nodes.
+  """
+
+  def __init__(self, envs: Sequence[gym.vector.VectorEnv], policy: GroupedPolicy, adders: Sequence[Any],
+               sink: Optional[Callable[[Transition], None]] = None, timer=None, dispatch_ahead: bool = False):
+    if len(envs) != len(policy.groups) or len(adders) != len(envs):
+      raise ValueError(f"{len(envs)} env groups, {len(policy.groups)} policy groups, {len(adders)} adders")
+    self.policy = policy
+    self.timer = timer if timer is not None else NULL_TIMER
+    self.groups: List[Actor] = [Actor(env, group, adder=adder, sink=sink, timer=self.timer, dispatch_ahead=dispatch_ahead)
+                                for env, group, adder in zip(envs, policy.groups, adders)]
+    self.num_envs = sum(actor.num_envs for actor in self.groups)
+
+  @property
+  def env_steps(self) -> int:
+    return sum(actor.env_steps for actor in self.groups)
+
+  def step(self) -> EpisodeStats:
+    """One vector step of every group, in turn: num_envs env steps."""
+    returns: List[float] = []
+    lengths: List[int] = []
+    for actor in self.groups:
+      stats = actor.step()
+      returns += stats.returns
+      lengths += stats.lengths
+    return EpisodeStats(returns, lengths)
+
+  def close(self) -> None:
+    for actor in self.groups:
+      actor.close()
+
+  def state(self) -> Dict[str, Any]:
+    return {"groups": [actor.state() for actor in self.groups], "policy": self.policy.state()}
+
+  def restore(self, state: Dict[str, Any], reset_seed: int) -> bool:
+    """As `Actor.restore`; group g's envs reset with `reset_seed + g * group size` (env i with reset_seed + i)."""
+    if len(state.get("groups", ())) != len(self.groups):
+      raise ValueError(f"the saved actor has {len(state.get('groups', ()))} env groups, this one {len(self.groups)}")
+    self.policy.restore(state["policy"])
+    size = self.policy.group_size
+    restored = [actor.restore(saved, reset_seed + g * size) for g, (actor, saved) in enumerate(zip(self.groups, state["groups"]))]
+    return all(restored)

@@ -98,3 +98,28 @@ def make_adder(spec: ReplaySpec, num_envs: int, agent_cfg):
   adder = make_step_adder(spec, num_envs, getattr(agent_cfg, "n_step", 1), agent_cfg.discount)
   bound = getattr(agent_cfg, "reward_clip", 0.0)
   return RewardClipAdder(adder, bound) if bound > 0 else adder
+
+
+def make_actor(exp, parts: AgentParts, agent_cfg, policy: Any, seed: int, sink, timer, dispatch_ahead: bool):
+  """One process's actor (an embedded run's, or an actor node's): `exp.num_envs` envs, env i
+  seeded with `seed + i`, and the adder the agent needs. `policy` is a `BatchedPolicy`, or
+  `(variables, key, timer)` for the agent's own policy in this process. With
+  `exp.env_groups` > 1 the envs step as that many groups in turn (`GroupedActor`), which
+  takes the policy in this process."""
+  from jrl.actors.actor import Actor, GroupedActor, GroupedPolicy, LocalPolicy  # the actor shells import jax
+  groups = exp.env_groups
+  if isinstance(policy, tuple):
+    variables, key, policy_timer = policy
+    policy_fns = parts.agent.make_policy(parts.networks, agent_cfg)
+    if groups > 1:
+      policy = GroupedPolicy(policy_fns, variables, key, exp.num_envs, groups, timer=policy_timer)
+    else:
+      policy = LocalPolicy(policy_fns, variables, key, num_envs=exp.num_envs, timer=policy_timer)
+  if groups == 1:
+    return Actor(envs.make_vector_env(exp.env, exp.num_envs, seed), policy,
+                 adder=make_adder(parts.replay_spec, exp.num_envs, agent_cfg), sink=sink, timer=timer,
+                 dispatch_ahead=dispatch_ahead)
+  size = exp.num_envs // groups
+  return GroupedActor([envs.make_vector_env(exp.env, size, seed + g * size) for g in range(groups)], policy,
+                      [make_adder(parts.replay_spec, size, agent_cfg) for _ in range(groups)], sink=sink,
+                      timer=timer, dispatch_ahead=dispatch_ahead)

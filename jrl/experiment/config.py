@@ -32,6 +32,8 @@ class ExperimentConfig:
   deterministic: bool = False        # seeded in-process replay instead of Reverb: same seed, same bytes
   backend: str = "host"              # 'host': Python envs, embedded or distributed; 'device': gymnax envs, one compiled loop
   num_envs: int = 8                  # envs stepped together by the actor
+  env_groups: int = 1                # the actor's envs step as this many groups in turn, each group's next
+                                     # actions computed while the others step (2: halves; pays for CNNs)
   updates_per_call: int = 4          # SGD updates per jitted learner call (lax.scan)
   learner_devices: int = 0           # devices of the learner's data-parallel mesh; 0 = all
   coordinator_address: str = ""      # host:port of process 0, to span the learner mesh over processes
@@ -75,6 +77,13 @@ class ExperimentConfig:
     for name in ("num_actors", "num_inference_servers", "variable_update_period"):
       if getattr(self, name) <= 0:
         raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
+    if self.env_groups < 1 or self.num_envs % self.env_groups:
+      raise ConfigError("env_groups", f"must be >= 1 and divide num_envs={self.num_envs}, got {self.env_groups}")
+    if self.env_groups > 1 and self.inference == "server":
+      raise ConfigError("env_groups", "groups take turns with the policy in the actor; with --inference server "
+                                      "the server batches the actors' requests instead (use --env_groups 1)")
+    if self.env_groups > 1 and self.backend == "device":
+      raise ConfigError("env_groups", "applies to the host backend's Python envs, not to --backend device")
     if self.backend not in ("host", "device"):
       raise ConfigError("backend", f"must be 'host' or 'device', got '{self.backend}'")
     if self.backend == "device" and self.distributed:

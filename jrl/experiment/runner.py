@@ -22,13 +22,12 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional
 import jax
 import numpy as np
 
-from jrl import compat, cpu_jit, envs, jit_cache, seeding
-from jrl.actors.actor import Actor, LocalPolicy
+from jrl import compat, cpu_jit, jit_cache, seeding
 from jrl.actors.evaluator import Evaluator
 from jrl.actors.variables import VariableClient
 from jrl.experiment import plots, report
 from jrl.experiment.bookkeeping import EvalHistory
-from jrl.experiment.builder import build_agent_parts, env_spec_of, example_item, make_adder, success_threshold
+from jrl.experiment.builder import build_agent_parts, env_spec_of, example_item, make_actor, success_threshold
 from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule, checkpoint_to_resume
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import (CHECKPOINTS_DIR, CONFIG_FILE, SUMMARY_FILE, check_run_dir_target, config_payload,
@@ -255,7 +254,6 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   checkpointer = Checkpointer(run_dir, exp.keep_checkpoints)
   checkpointer.clean_partial()
   # This process is actor `process_id` of the run (several processes share one learner).
-  env = envs.make_vector_env(exp.env, exp.num_envs, seeding.env_seed(exp.seed, "actor", exp.process_id))
   learner_key = seeding.node_key(exp.seed, "learner")
   actor_key = seeding.node_key(exp.seed, "actor", exp.process_id)
   # Each process feeds its own slice of the global batch from its own replay.
@@ -270,14 +268,14 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
                     replay.update_priorities if replay_spec.prioritized else None, mesh=mesh, timer=timer)
   initial_digest = params_digest(learner.get_variables()[0])  # the same embedded and distributed for a seed
   block_writer = make_block_writer(replay_spec, replay.writer)
-  adder = make_adder(replay_spec, exp.num_envs, agent_cfg)
   variables = VariableClient(learner)
   # The learner times its parameter copies itself (the policy's fetch is a cached read otherwise).
-  local_policy = LocalPolicy(agent.make_policy(networks, agent_cfg), variables, actor_key, num_envs=exp.num_envs)
   # Seeded runs ask for actions after the learner's call (same bytes); Reverb runs overlap the policy with
-  # inserts where the policy computes asynchronously (images: `cpu_jit.choose_dispatch`).
-  actor = Actor(env, local_policy, adder=adder, sink=block_writer.add, timer=timer,
-                dispatch_ahead=not exp.deterministic and cpu_jit.dispatches_asynchronously())
+  # inserts, and with other env groups' steps, where the policy computes asynchronously (images:
+  # `cpu_jit.choose_dispatch`).
+  actor = make_actor(exp, parts, agent_cfg, (variables, actor_key, None),
+                     seeding.env_seed(exp.seed, "actor", exp.process_id), block_writer.add, timer,
+                     dispatch_ahead=not exp.deterministic and cpu_jit.dispatches_asynchronously())
   evaluator_seed = seeding.env_seed(exp.seed, "evaluator")
   evaluator = Evaluator(exp.env, agent.make_policy(networks, agent_cfg, evaluation=True),
                         exp.eval_episodes, seed=evaluator_seed)
@@ -427,7 +425,7 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
     report.unwatch_compiles()
     replay.close()
     evaluator.close()
-    env.close()
+    actor.close()
     for logger in loggers.values():
       logger.close()
     tb.close()
