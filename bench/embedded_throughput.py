@@ -32,7 +32,7 @@ from jrl.actors.variables import VariableClient
 from jrl.agents import dqn
 from jrl.experiment import report
 from jrl.experiment import runner
-from jrl.experiment.builder import AgentParts, build_agent_parts, env_spec_of, example_transition, make_actor
+from jrl.experiment.builder import build_agent_parts, env_spec_of, example_transition, make_actor
 from jrl.experiment.config import ExperimentConfig
 from jrl.learners import sharding
 from jrl.learners.learner import Learner, make_multi_update
@@ -125,12 +125,10 @@ def bench_actor(args, cfg):
 def bench_env_groups(args, cfg):
   """The full actor with its envs in `args.env_groups` groups taking turns (`GroupedActor`:
   each group's next actions computed while the others step) against one group, same envs."""
-  env_spec = envs.env_spec(envs.make_vector_env(args.env, 1, seed=0))
-  networks = dqn.make_networks(env_spec, cfg)
-  params = networks.init(jax.random.PRNGKey(0))
-  server, address = _server(env_spec, cfg.block_size, 200_000)
+  parts = build_agent_parts("dqn", args.env, cfg)
+  params = parts.networks.init(jax.random.PRNGKey(0))
+  server, address = _server(parts.env_spec, cfg.block_size, 200_000)
   writer = reverb_replay.ReverbItemWriter(reverb.Client(address))
-  parts = AgentParts(dqn, env_spec, networks, dqn.make_replay_spec(cfg))
   ahead = not args.no_dispatch_ahead and cpu_jit.dispatches_asynchronously()
   actors = []
   for groups in (1, args.env_groups):

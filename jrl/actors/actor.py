@@ -29,6 +29,15 @@ class BatchedPolicy(Protocol):
     The actions may be a JAX array still being computed (`np.asarray` waits for it)."""
 
 
+def latest_params(variables: VariableClient, timer) -> Tuple[Any, int]:
+  """The variable client's parameters and their version, refreshed when due; the fetch is
+  timed as its own phase."""
+  timer.enter(PARAM_FETCH)
+  variables.maybe_update()
+  timer.exit()
+  return variables.params, variables.version
+
+
 class LocalPolicy:
   """The pure policy jitted in this process, parameters from a variable client.
 
@@ -50,11 +59,8 @@ class LocalPolicy:
   def __call__(self, obs: np.ndarray, is_first: np.ndarray) -> np.ndarray:
     if self._state is None:
       self._state = self._init(self._key, len(obs))
-    self.timer.enter(PARAM_FETCH)
-    self._variables.maybe_update()
-    self.timer.exit()
-    self.version = self._variables.version
-    action, extras, self._state = self._select_action(self._variables.params, obs, is_first, self._state)
+    params, self.version = latest_params(self._variables, self.timer)
+    action, extras, self._state = self._select_action(params, obs, is_first, self._state)
     self.extras = extras
     return action  # dispatched asynchronously: the caller may work while it is computed
 
@@ -215,11 +221,8 @@ class GroupedPolicy:
     self.timer = timer if timer is not None else NULL_TIMER
 
   def act(self, first_env: np.int32, obs: np.ndarray, is_first: np.ndarray) -> Tuple[Any, Dict[str, Any]]:
-    self.timer.enter(PARAM_FETCH)
-    self._variables.maybe_update()
-    self.timer.exit()
-    self.version = self._variables.version
-    action, extras, self._state = self._select(self._variables.params, obs, is_first, self._state, first_env)
+    params, self.version = latest_params(self._variables, self.timer)
+    action, extras, self._state = self._select(params, obs, is_first, self._state, first_env)
     return action, extras
 
   def state(self) -> Any:
