@@ -22,3 +22,24 @@ class RunDirError(ConfigError):
   corrupt policy snapshot. The message names the path, e.g.
   "run_dir: 'runs/x' is not a run directory (no config.json)".
   """
+
+
+def require(config, names, test, wanted: str) -> None:
+  """ConfigError naming the first of `names` whose value on `config` fails `test`;
+  `wanted` completes "must be ...", e.g. "> 0"."""
+  for name in names:
+    value = getattr(config, name)
+    if not test(value):
+      raise ConfigError(name, f"must be {wanted}, got {value}")
+
+
+def require_positive(config, *names: str) -> None:
+  require(config, names, lambda v: v > 0, "> 0")
+
+
+def require_non_negative(config, *names: str) -> None:
+  require(config, names, lambda v: v >= 0, ">= 0")
+
+
+def require_unit_interval(config, *names: str) -> None:
+  require(config, names, lambda v: 0.0 <= v <= 1.0, "in [0, 1]")

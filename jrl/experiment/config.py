@@ -4,7 +4,7 @@ import dataclasses
 import time
 from typing import Optional
 
-from jrl.errors import ConfigError
+from jrl.errors import ConfigError, require_non_negative, require_positive
 from jrl.experiment.files import path_safe
 
 
@@ -70,13 +70,8 @@ class ExperimentConfig:
   crash_actor_after: int = 0         # fault injection for tests: actor 0 raises after this many of its env steps
 
   def __post_init__(self):
-    for name in ("steps", "num_envs", "updates_per_call", "prefetch", "eval_every",
-                 "eval_episodes", "log_every"):
-      if getattr(self, name) <= 0:
-        raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
-    for name in ("num_actors", "num_inference_servers", "variable_update_period"):
-      if getattr(self, name) <= 0:
-        raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
+    require_positive(self, "steps", "num_envs", "updates_per_call", "prefetch", "eval_every", "eval_episodes",
+                     "log_every", "num_actors", "num_inference_servers", "variable_update_period")
     if self.env_groups < 1 or self.num_envs % self.env_groups:
       raise ConfigError("env_groups", f"must be >= 1 and divide num_envs={self.num_envs}, got {self.env_groups}")
     if self.env_groups > 1 and self.inference == "server":
@@ -101,23 +96,19 @@ class ExperimentConfig:
                                         "e.g. 'ssh {host} {command}'")
     if self.lp_launch_type not in ("local_mp", "local_mt"):
       raise ConfigError("lp_launch_type", f"must be 'local_mp' or 'local_mt', got '{self.lp_launch_type}'")
-    if self.inference_timeout_ms <= 0:
-      raise ConfigError("inference_timeout_ms", f"must be > 0, got {self.inference_timeout_ms}")
+    require_positive(self, "inference_timeout_ms")
     if self.learner_devices < 0:
       raise ConfigError("learner_devices", f"must be >= 0 (0 = all), got {self.learner_devices}")
     if not 0 <= self.process_id < self.num_processes:
       raise ConfigError("process_id", f"must be in [0, num_processes={self.num_processes}), got {self.process_id}")
     if self.num_processes > 1 and not self.coordinator_address and not self.distributed:
       raise ConfigError("coordinator_address", "is required when num_processes > 1 (a distributed program picks one)")
-    for name in ("checkpoint_every_seconds", "checkpoint_every_steps", "max_restarts", "restart_backoff_seconds"):
-      if getattr(self, name) < 0:
-        raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
+    require_non_negative(self, "checkpoint_every_seconds", "checkpoint_every_steps", "max_restarts",
+                         "restart_backoff_seconds")
     if self.keep_checkpoints < 1:
       raise ConfigError("keep_checkpoints", f"must be >= 1, got {self.keep_checkpoints}")
-    if self.service_deadline_seconds <= 0:
-      raise ConfigError("service_deadline_seconds", f"must be > 0, got {self.service_deadline_seconds}")
-    if self.progress_seconds < 0:
-      raise ConfigError("progress_seconds", f"must be >= 0, got {self.progress_seconds}")
+    require_positive(self, "service_deadline_seconds")
+    require_non_negative(self, "progress_seconds")
 
   def check_given_flags(self, given) -> None:
     """ConfigError for a field given explicitly that this run's mode cannot honour

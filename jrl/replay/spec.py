@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from jrl.errors import ConfigError
+from jrl.errors import ConfigError, require_positive
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,15 +40,12 @@ class ReplaySpec:
     return self.replay_sequence_length > 0
 
   def __post_init__(self):
-    for name in ("block_size", "max_size"):
-      if getattr(self, name) <= 0:
-        raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
+    require_positive(self, "block_size", "max_size")
     if self.min_size < self.block_size:
       raise ConfigError("min_replay_size", f"must be >= block_size ({self.block_size}), got {self.min_size}")
     if self.max_size < self.min_size:
       raise ConfigError("max_replay_size", f"must be >= min_replay_size ({self.min_size}), got {self.max_size}")
-    if self.samples_per_insert <= 0:
-      raise ConfigError("samples_per_insert", f"must be > 0, got {self.samples_per_insert}")
+    require_positive(self, "samples_per_insert")
 
   @property
   def max_items(self) -> int:

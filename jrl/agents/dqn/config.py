@@ -3,8 +3,8 @@
 import dataclasses
 from typing import Tuple
 
-from jrl.errors import ConfigError
-from jrl.networks import TORSOS
+from jrl.errors import require_positive, require_unit_interval
+from jrl.networks import check_network_fields
 from jrl.replay.spec import ReplaySpec
 
 
@@ -45,22 +45,11 @@ class Config:
   importance_exponent: float = 0.4
 
   def __post_init__(self):
-    positive = ("n_step", "batch_size", "learning_rate", "target_update_period",
-                "epsilon_decay_steps", "max_grad_norm", "huber_delta", "block_size")
-    for name in positive:
-      if getattr(self, name) <= 0:
-        raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
-    for name in ("discount", "target_update_tau", "epsilon_init", "epsilon_final", "eval_epsilon",
-                 "priority_exponent", "importance_exponent"):
-      value = getattr(self, name)
-      if not 0.0 <= value <= 1.0:
-        raise ConfigError(name, f"must be in [0, 1], got {value}")
-    if self.torso not in TORSOS:
-      raise ConfigError("torso", f"unknown torso '{self.torso}' (one of {', '.join(TORSOS)})")
-    if self.reward_clip < 0:
-      raise ConfigError("reward_clip", f"must be >= 0 (0: off), got {self.reward_clip}")
-    if not self.hidden_sizes or any(h <= 0 for h in self.hidden_sizes):
-      raise ConfigError("hidden_sizes", f"must be non-empty positive sizes, got {self.hidden_sizes}")
+    require_positive(self, "n_step", "batch_size", "learning_rate", "target_update_period",
+                     "epsilon_decay_steps", "max_grad_norm", "huber_delta", "block_size")
+    require_unit_interval(self, "discount", "target_update_tau", "epsilon_init", "epsilon_final", "eval_epsilon",
+                          "priority_exponent", "importance_exponent")
+    check_network_fields(self)
     self.replay_spec()  # validates the replay fields
 
   def replay_spec(self) -> ReplaySpec:

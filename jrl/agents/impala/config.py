@@ -3,8 +3,8 @@
 import dataclasses
 from typing import Tuple
 
-from jrl.errors import ConfigError
-from jrl.networks import TORSOS
+from jrl.errors import require_positive, require_unit_interval
+from jrl.networks import check_network_fields
 from jrl.replay.spec import ReplaySpec
 
 
@@ -29,19 +29,10 @@ class Config:
   reward_clip: float = 0.0          # each step's reward clipped to [-c, c] before replay (1 for Atari); 0: off
 
   def __post_init__(self):
-    for name in ("learning_rate", "max_grad_norm", "sequence_length", "batch_size", "clip_rho_threshold",
-                 "clip_pg_rho_threshold"):
-      if getattr(self, name) <= 0:
-        raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
-    for name in ("discount", "vtrace_lambda"):
-      if not 0.0 <= getattr(self, name) <= 1.0:
-        raise ConfigError(name, f"must be in [0, 1], got {getattr(self, name)}")
-    if self.torso not in TORSOS:
-      raise ConfigError("torso", f"unknown torso '{self.torso}' (one of {', '.join(TORSOS)})")
-    if self.reward_clip < 0:
-      raise ConfigError("reward_clip", f"must be >= 0 (0: off), got {self.reward_clip}")
-    if not self.hidden_sizes or any(h <= 0 for h in self.hidden_sizes):
-      raise ConfigError("hidden_sizes", f"must be non-empty positive sizes, got {self.hidden_sizes}")
+    require_positive(self, "learning_rate", "max_grad_norm", "sequence_length", "batch_size", "clip_rho_threshold",
+                     "clip_pg_rho_threshold")
+    require_unit_interval(self, "discount", "vtrace_lambda")
+    check_network_fields(self)
 
   def replay_spec(self) -> ReplaySpec:
     return ReplaySpec(block_size=1, max_size=4 * self.batch_size, min_size=1, samples_per_insert=1.0,

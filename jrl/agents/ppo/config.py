@@ -3,8 +3,8 @@
 import dataclasses
 from typing import Tuple
 
-from jrl.errors import ConfigError
-from jrl.networks import TORSOS
+from jrl.errors import ConfigError, require_positive, require_unit_interval
+from jrl.networks import check_network_fields
 from jrl.replay.spec import ReplaySpec
 
 
@@ -34,22 +34,13 @@ class Config:
   reward_clip: float = 0.0          # each step's reward clipped to [-c, c] before replay (1 for Atari); 0: off
 
   def __post_init__(self):
-    for name in ("learning_rate", "max_grad_norm", "num_epochs", "num_minibatches", "sequence_length",
-                 "batch_size", "clip_epsilon"):
-      if getattr(self, name) <= 0:
-        raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
-    for name in ("discount", "gae_lambda"):
-      if not 0.0 <= getattr(self, name) <= 1.0:
-        raise ConfigError(name, f"must be in [0, 1], got {getattr(self, name)}")
+    require_positive(self, "learning_rate", "max_grad_norm", "num_epochs", "num_minibatches", "sequence_length",
+                     "batch_size", "clip_epsilon")
+    require_unit_interval(self, "discount", "gae_lambda")
     if (self.batch_size * self.sequence_length) % self.num_minibatches:
       raise ConfigError("num_minibatches", f"must divide batch_size x sequence_length "
                                            f"({self.batch_size * self.sequence_length}), got {self.num_minibatches}")
-    if self.torso not in TORSOS:
-      raise ConfigError("torso", f"unknown torso '{self.torso}' (one of {', '.join(TORSOS)})")
-    if self.reward_clip < 0:
-      raise ConfigError("reward_clip", f"must be >= 0 (0: off), got {self.reward_clip}")
-    if not self.hidden_sizes or any(h <= 0 for h in self.hidden_sizes):
-      raise ConfigError("hidden_sizes", f"must be non-empty positive sizes, got {self.hidden_sizes}")
+    check_network_fields(self)
 
   def replay_spec(self) -> ReplaySpec:
     # A queue of a few calls' worth of trajectories; each is used by exactly one call.

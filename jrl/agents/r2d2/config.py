@@ -3,8 +3,8 @@
 import dataclasses
 from typing import Tuple
 
-from jrl.errors import ConfigError
-from jrl.networks import TORSOS
+from jrl.errors import ConfigError, require_non_negative, require_positive, require_unit_interval
+from jrl.networks import check_network_fields
 from jrl.replay.spec import ReplaySpec
 
 
@@ -49,27 +49,17 @@ class Config:
   importance_exponent: float = 0.6
 
   def __post_init__(self):
-    positive = ("sequence_length", "sequence_period", "n_step", "batch_size", "learning_rate", "adam_eps",
-                "target_update_period", "epsilon_decay_steps", "max_grad_norm", "lstm_size")
-    for name in positive:
-      if getattr(self, name) <= 0:
-        raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
-    if self.burn_in < 0:
-      raise ConfigError("burn_in", f"must be >= 0, got {self.burn_in}")
+    require_positive(self, "sequence_length", "sequence_period", "n_step", "batch_size", "learning_rate", "adam_eps",
+                     "target_update_period", "epsilon_decay_steps", "max_grad_norm", "lstm_size")
+    require_non_negative(self, "burn_in")
     if self.sequence_length <= self.burn_in:
       raise ConfigError("sequence_length", f"must be > burn_in ({self.burn_in}), got {self.sequence_length}")
     if self.sequence_period > self.sequence_length:
       raise ConfigError("sequence_period", f"must be <= sequence_length ({self.sequence_length}), "
                                            f"got {self.sequence_period}")
-    for name in ("discount", "priority_max_weight", "epsilon_init", "epsilon_final", "eval_epsilon",
-                 "priority_exponent", "importance_exponent"):
-      value = getattr(self, name)
-      if not 0.0 <= value <= 1.0:
-        raise ConfigError(name, f"must be in [0, 1], got {value}")
-    if not self.hidden_sizes or any(h <= 0 for h in self.hidden_sizes):
-      raise ConfigError("hidden_sizes", f"must be non-empty positive sizes, got {self.hidden_sizes}")
-    if self.torso not in TORSOS:
-      raise ConfigError("torso", f"unknown torso '{self.torso}' (one of {', '.join(TORSOS)})")
+    require_unit_interval(self, "discount", "priority_max_weight", "epsilon_init", "epsilon_final", "eval_epsilon",
+                          "priority_exponent", "importance_exponent")
+    check_network_fields(self)
     self.replay_spec()  # validates the replay fields
 
   def replay_spec(self) -> ReplaySpec:

@@ -3,7 +3,8 @@
 import dataclasses
 from typing import Optional, Tuple
 
-from jrl.errors import ConfigError
+from jrl.errors import ConfigError, require_positive, require_unit_interval
+from jrl.networks import check_network_fields
 from jrl.replay.spec import ReplaySpec
 
 
@@ -32,15 +33,10 @@ class Config:
   block_size: int = 8               # transitions per replay item
 
   def __post_init__(self):
-    for name in ("n_step", "actor_learning_rate", "critic_learning_rate", "temperature_learning_rate",
-                 "initial_temperature", "batch_size", "block_size"):
-      if getattr(self, name) <= 0:
-        raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
-    for name in ("discount", "tau"):
-      if not 0.0 <= getattr(self, name) <= 1.0:
-        raise ConfigError(name, f"must be in [0, 1], got {getattr(self, name)}")
-    if not self.hidden_sizes or any(h <= 0 for h in self.hidden_sizes):
-      raise ConfigError("hidden_sizes", f"must be non-empty positive sizes, got {self.hidden_sizes}")
+    require_positive(self, "n_step", "actor_learning_rate", "critic_learning_rate", "temperature_learning_rate",
+                     "initial_temperature", "batch_size", "block_size")
+    require_unit_interval(self, "discount", "tau")
+    check_network_fields(self)
     if self.log_std_min >= self.log_std_max:
       raise ConfigError("log_std_min", f"must be < log_std_max ({self.log_std_max}), got {self.log_std_min}")
     self.replay_spec()
