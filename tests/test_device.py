@@ -2,6 +2,7 @@
 PPO on gymnax CartPole to 475 with the run directory, determinism, chunking and 1 vs 2 devices."""
 
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -152,6 +153,48 @@ def test_same_seed_same_bytes_and_chunking_does_not_change_training(tmp_path):
   untimed = lambda name: [{k: v for k, v in row.items() if k not in ("updates_per_second", "wall_seconds")}
                           for row in _read(tmp_path / name / "metrics" / "learner.csv")]
   assert untimed("a") == untimed("b")
+
+
+@pytest.mark.device
+def test_a_run_resumed_from_its_checkpoint_ends_with_the_same_bytes(tmp_path):
+  """Killed after its first checkpoint (the later checkpoint and rows removed, as a crash leaves
+  them), a DQN run resumed with --resume ends as the uninterrupted run: same parameters, same
+  learner and evaluation rows; a finished run extends to more steps the same way."""
+  import shutil
+  from jrl.errors import ConfigError
+  from jrl.experiment import resume
+  from jrl.experiment.checkpoint import Checkpointer
+  from jrl.device.runner import run_device
+  whole = _short_run(tmp_path, "whole", "dqn", 3_072, chunk_steps=512)
+  crashed = _short_run(tmp_path, "crashed", "dqn", 3_072, chunk_steps=512, checkpoint_every_steps=1_024)
+  assert crashed["params_digest"] == whole["params_digest"]
+  assert crashed["checkpoints"] == ["ckpt-000001", "ckpt-000002", "ckpt-000003"]
+  run_dir = tmp_path / "crashed"
+  for name in ("ckpt-000002", "ckpt-000003"):  # the crash came after the first checkpoint (1,024 steps)
+    shutil.rmtree(run_dir / "checkpoints" / name)
+  assert Checkpointer(str(run_dir)).latest().manifest["counters"]["actor_steps"] == 1_024
+  exp, agent_cfg = resume.resumed_configs(str(run_dir), {"steps": 3_072}, {})
+  resumed = run_device(exp, agent_cfg, chunk_steps=512)
+  assert resumed["resumed"] and resumed["actor_steps"] == 3_072
+  assert resumed["params_digest"] == whole["params_digest"]
+  assert resumed["learner_steps"] == whole["learner_steps"] and resumed["episodes"] == whole["episodes"]
+  untimed = lambda name, role: [{k: v for k, v in row.items() if k not in ("updates_per_second", "wall_seconds",
+                                                                            "steps_per_second")}
+                                for row in _read(tmp_path / name / "metrics" / f"{role}.csv")]
+  for role in ("actor", "learner", "evaluator"):
+    assert untimed("crashed", role) == untimed("whole", role), role
+  # A finished run extends: 3,072 more steps from its final checkpoint, as one run of 4,096.
+  longer = _short_run(tmp_path, "longer", "dqn", 4_096, chunk_steps=512)
+  exp, agent_cfg = resume.resumed_configs(str(run_dir), {"steps": 4_096}, {})
+  extended = run_device(exp, agent_cfg, chunk_steps=512)
+  assert extended["params_digest"] == longer["params_digest"]
+  with pytest.raises(ConfigError, match="^steps: the run already has 4096 env steps"):
+    run_device(resume.resumed_configs(str(run_dir), {"steps": 4_096}, {})[0], agent_cfg, chunk_steps=512)
+  # A checkpoint of another loop (here: other envs) is refused, naming what does not fit.
+  other = resume.resumed_configs(str(run_dir), {"steps": 8_192}, {})[0]
+  other = dataclasses.replace(other, num_envs=16)
+  with pytest.raises(ConfigError, match="^resume: .*loop array"):
+    run_device(other, agent_cfg, chunk_steps=512)
 
 
 TWO_DEVICES = """

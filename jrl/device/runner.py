@@ -32,6 +32,7 @@ Determinism. Everything is a pure function of the seed: the same seed on the
 same device count gives the same bytes.
 """
 
+import dataclasses
 import math
 import os
 import time
@@ -49,6 +50,7 @@ from jrl.device.envs import GymnaxVecEnv, reward_threshold
 from jrl.errors import ConfigError
 from jrl.experiment import plots
 from jrl.experiment.bookkeeping import EvalHistory
+from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule, checkpoint_to_resume
 from jrl.experiment.builder import AgentParts
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import CONFIG_FILE, SUMMARY_FILE, check_run_dir_target, config_payload, write_json
@@ -370,6 +372,9 @@ class DeviceLoop:
 
 
 def _prepare_run_dir(exp: ExperimentConfig, agent_cfg) -> str:
+  """A new run's directory, with its config.json; a resumed run's as it is."""
+  if exp.resume:
+    return exp.resume
   run_dir = exp.run_dir or exp.default_run_dir()
   check_run_dir_target(run_dir)
   os.makedirs(run_dir, exist_ok=True)
@@ -377,16 +382,63 @@ def _prepare_run_dir(exp: ExperimentConfig, agent_cfg) -> str:
   return run_dir
 
 
+@dataclasses.dataclass
+class HostState:
+  """What the host keeps between chunks: counters, the metric sums of the row being cut, the
+  evaluation history, and its clocks. Saved in every checkpoint beside the loop's carry."""
+  history: EvalHistory
+  next_log: int
+  next_eval: int
+  pending: Dict[str, float]
+  env_steps: int = 0
+  learner_steps: int = 0
+  episodes_total: int = 0
+  vector_steps: int = 0
+  last_eval: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  last_eval_steps: int = -1
+  loop_seconds: float = 0.0
+  eval_seconds: float = 0.0
+  wall_before: float = 0.0  # wall seconds of the sessions before this one
+  sessions: int = 0         # times the run was resumed
+
+  def state(self) -> Dict[str, Any]:
+    return {**dataclasses.asdict(self), "history": self.history.state()}
+
+  @classmethod
+  def from_state(cls, state: Dict[str, Any]) -> "HostState":
+    return cls(**{**state, "history": EvalHistory.from_state(state["history"])})
+
+
+def carry_to_host(carry: Carry) -> List[np.ndarray]:
+  """The carry's leaves as numpy arrays (whole arrays, gathered from every device)."""
+  return [np.asarray(x) for x in jax.device_get(jax.tree_util.tree_leaves(carry))]
+
+
+def carry_from_host(leaves: List[np.ndarray], carry_shape: Carry, shardings: Carry, source: str) -> Carry:
+  """A saved carry placed as `shardings`; ConfigError('resume') if it does not fit this run's loop."""
+  expected, treedef = jax.tree_util.tree_flatten(carry_shape)
+  if len(leaves) != len(expected):
+    raise ConfigError("resume", f"{source} holds {len(leaves)} loop arrays, this run's loop has {len(expected)}")
+  for i, (leaf, want) in enumerate(zip(leaves, expected)):
+    if leaf.shape != want.shape or leaf.dtype != want.dtype:
+      raise ConfigError("resume", f"{source}: loop array {i} is {leaf.dtype}{list(leaf.shape)}, this run's loop "
+                                  f"has {want.dtype}{list(want.shape)}")
+  return jax.device_put(jax.tree_util.tree_unflatten(treedef, leaves), shardings)
+
+
 def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = None) -> Dict[str, Any]:
   """Trains `exp.agent` on the gymnax env `exp.env` ('gymnax:ENV_ID') in one compiled loop;
   returns the summary (also written to summary.json). `chunk_steps` overrides the env steps
   per compiled chunk (default: eval_every or steps if smaller, rounded down to whole
-  iterations); the run ends with the first whole chunk that reaches `exp.steps`."""
+  iterations); the run ends with the first whole chunk that reaches `exp.steps`.
+
+  Checkpoints (`jrl.experiment.checkpoint`) are taken between chunks, as `checkpoint_every_steps`
+  and `checkpoint_every_seconds` ask, and at the end: the loop's whole carry (envs, replay ring,
+  learner and policy state, keys) and the host's counters. `exp.resume` continues from the newest
+  one; a resumed run ends with the same bytes as one never stopped."""
   start = time.monotonic()
   clock = CompileClock()
   cache_dir = jit_cache.enable_compilation_cache()
-  if exp.resume:
-    raise ConfigError("resume", "the device backend does not checkpoint its loop yet; start a new run")
   if exp.num_processes > 1:
     raise ConfigError("backend", "'device' runs in one process; it cannot span --num_processes")
   env = GymnaxVecEnv(exp.env)  # ConfigError for a gymnasium or unknown id
@@ -395,12 +447,19 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
   sharding.check_batch_size(agent_cfg.batch_size, mesh)
   plan = make_plan(exp, parts, agent_cfg, int(mesh.devices.size), chunk_steps)
   threshold = exp.reward_threshold if exp.reward_threshold is not None else reward_threshold(exp.env)
+  resume_info = checkpoint_to_resume(exp.resume, exp.steps) if exp.resume else None
+  saved = Checkpointer.read_run_state(resume_info) if resume_info else None
   run_dir = _prepare_run_dir(exp, agent_cfg)
+  checkpointer = Checkpointer(run_dir, exp.keep_checkpoints)
+  checkpointer.clean_partial()
 
   loop = DeviceLoop(exp, agent_cfg, env, parts, mesh, plan)
   carry_shape = jax.eval_shape(loop.init, exp.seed)
   shardings = loop.carry_shardings(carry_shape)
-  carry = jax.jit(loop.init, static_argnums=0, out_shardings=shardings)(exp.seed)
+  if saved is None:
+    carry = jax.jit(loop.init, static_argnums=0, out_shardings=shardings)(exp.seed)
+  else:
+    carry = carry_from_host(saved["carry"], carry_shape, shardings, os.path.relpath(resume_info.path))
   xs_sharding = loop.replicated
   compile_start = time.monotonic()
   chunk_fn = jax.jit(loop.chunk, in_shardings=(shardings, xs_sharding), out_shardings=(shardings, loop.replicated),
@@ -415,45 +474,58 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
   compile_seconds = time.monotonic() - compile_start
   get_params = jax.jit(lambda c: loop.learner.params(c.learner_state), out_shardings=loop.replicated)
 
-  tb = TensorBoard(run_dir)
-  loggers = {role: MetricsLogger(run_dir, role, tb) for role in ROLES}
+  if saved is None:
+    host = HostState(EvalHistory(threshold), exp.log_every, exp.eval_every,
+                     {"return_sum": 0.0, "episodes": 0, "length_sum": 0, "calls": 0,
+                      **{k: 0.0 for k in loop.metric_keys}})
+    positions: Dict[str, Any] = {}
+  else:
+    host = HostState.from_state(saved["host"])
+    host.sessions += 1
+    positions = saved["positions"]
+  # A resumed run drops what was logged after its checkpoint.
+  tb = TensorBoard(run_dir, resume_from=positions.get("tensorboard", {}) if exp.resume else None)
+  loggers = {role: MetricsLogger(run_dir, role, tb, resume_from=positions.get(role)) for role in ROLES}
   progress = Progress(f"{exp.agent} {exp.env} s{exp.seed}", exp.progress_seconds)
-  history = EvalHistory(threshold)
+  schedule = CheckpointSchedule(exp.checkpoint_every_steps, exp.checkpoint_every_seconds, host.env_steps)
   evaluator_seed = exp.seed + 10_000
   eval_base_key = jax.random.PRNGKey(evaluator_seed)
   samples_per_call = loop.updates_per_call * loop.batch_size
-  env_steps = learner_steps = episodes_total = vector_steps = 0
-  next_log, next_eval = exp.log_every, exp.eval_every
-  last_eval: Dict[str, Any] = {}
-  last_eval_steps = -1
-  loop_seconds = eval_seconds = 0.0
-  pending = {"return_sum": 0.0, "episodes": 0, "length_sum": 0, "calls": 0,
-             **{k: 0.0 for k in loop.metric_keys}}
   get_params(carry)  # compiled now: the loop itself compiles nothing
   jax.device_put(jax.random.fold_in(eval_base_key, 0), loop.replicated)
   compiles_before_loop = clock.backend_compiles
-  elapsed = lambda: time.monotonic() - start
-  setup_seconds = elapsed()  # metrics' wall_seconds count from the run's start, as summary.wall_seconds
+  elapsed = lambda: host.wall_before + time.monotonic() - start
+  setup_seconds = time.monotonic() - start  # metrics' wall_seconds count from the run's start, as summary.wall_seconds
 
   def snapshot_info(**extra) -> Dict[str, Any]:
-    return {"actor_steps": env_steps, "learner_steps": learner_steps, **extra}
+    return {"actor_steps": host.env_steps, "learner_steps": host.learner_steps, **extra}
 
   def evaluate():
-    nonlocal last_eval_steps, last_eval, eval_seconds
     t0 = time.monotonic()
-    last_eval_steps = env_steps
-    eval_index = history.count
+    host.last_eval_steps = host.env_steps
+    eval_index = host.history.count
     params = get_params(carry)
     key = jax.device_put(jax.random.fold_in(eval_base_key, eval_index), loop.replicated)
     returns = np.asarray(compiled_eval(params, key))
-    row = history.record(env_steps, returns)
-    loggers["evaluator"].write({"actor_steps": env_steps, "learner_steps": learner_steps,
+    row = host.history.record(host.env_steps, returns)
+    loggers["evaluator"].write({"actor_steps": host.env_steps, "learner_steps": host.learner_steps,
                                 **{k: v for k, v in row.items() if k != "is_best"}, "wall_seconds": elapsed()})
-    last_eval = {"eval_return": row["eval_return"], "eval_index": eval_index, "eval_seed": evaluator_seed,
-                 "eval_episodes": exp.eval_episodes}
+    host.last_eval = {"eval_return": row["eval_return"], "eval_index": eval_index, "eval_seed": evaluator_seed,
+                      "eval_episodes": exp.eval_episodes}
     if row["is_best"]:
-      save_policy(run_dir, "best", params, snapshot_info(**last_eval))
-    eval_seconds += time.monotonic() - t0
+      save_policy(run_dir, "best", params, snapshot_info(**host.last_eval))
+    host.eval_seconds += time.monotonic() - t0
+
+  def save_checkpoint():
+    state = host.state()
+    state["wall_before"] = elapsed()
+    run_state = {"carry": carry_to_host(carry), "host": state,
+                 "positions": {"tensorboard": tb.position(), **{role: log.position() for role, log in loggers.items()}}}
+    counters = {"actor_steps": host.env_steps, "learner_steps": host.learner_steps,
+                "episodes": host.episodes_total, "evaluations": host.history.count}
+    checkpointer.save(None, run_state, counters)
+    save_policy(run_dir, "latest", jax.device_get(get_params(carry)), snapshot_info())
+    schedule.done(host.env_steps)
 
   def chunk_schedule() -> np.ndarray:
     """Learner calls due at each iteration of the next chunk (off-policy; exact integers)."""
@@ -461,55 +533,42 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
       return np.zeros(plan.chunk_iterations, np.int32)
     lag = plan.n_step - 1
     written = lambda steps: max(0, steps - lag) * plan.num_envs
-    owed = [calls_due(written(vector_steps + i), loop.spec, samples_per_call)
+    owed = [calls_due(written(host.vector_steps + i), loop.spec, samples_per_call)
             for i in range(plan.chunk_iterations + 1)]
     return np.diff(owed).astype(np.int32)
 
   try:
-    while env_steps < exp.steps:
+    while host.env_steps < exp.steps:
       chunk_start = time.monotonic()
       due = jax.device_put(chunk_schedule(), xs_sharding)
       carry, ys = compiled_chunk(carry, due)
       ys = jax.device_get(ys)
       chunk_wall = time.monotonic() - chunk_start
-      loop_seconds += chunk_wall
-      wall_before = elapsed() - chunk_wall
-      vector_steps += plan.chunk_iterations if not plan.on_policy else 0
+      host.loop_seconds += chunk_wall
+      chunk_began = elapsed() - chunk_wall
+      host.vector_steps += plan.chunk_iterations if not plan.on_policy else 0
       for i in range(plan.chunk_iterations):
-        env_steps += plan.iteration_steps
-        for key in pending:
-          pending[key] += ys[key][i].item()
-        learner_steps += int(ys["calls"][i]) * loop.updates_per_call
-        episodes_total += int(ys["episodes"][i])
-        if env_steps >= next_log:
-          next_log += exp.log_every * max(1, math.ceil((env_steps - next_log + 1) / exp.log_every))
-          sps = plan.chunk_steps / max(chunk_wall, 1e-9)
-          ups = sum(int(c) for c in ys["calls"]) * loop.updates_per_call / max(chunk_wall, 1e-9)
-          wall = wall_before + chunk_wall * (i + 1) / plan.chunk_iterations
-          count = pending["episodes"]
-          ep_return = pending["return_sum"] / count if count else float("nan")
-          ep_length = pending["length_sum"] / count if count else float("nan")
-          loggers["actor"].write({"actor_steps": env_steps, "episodes": episodes_total, "episode_return": ep_return,
-                                  "episode_length": ep_length, "steps_per_second": sps, "wall_seconds": wall})
-          if pending["calls"]:
-            loggers["learner"].write({"actor_steps": env_steps, "learner_steps": learner_steps,
-                                      **{k: pending[k] / pending["calls"] for k in loop.metric_keys},
-                                      "updates_per_second": ups, "wall_seconds": wall})
-          history_text = (f"{history.returns[-1]:.1f} (best {max(history.returns):.1f})"
-                          if history.returns else "-")
-          progress.maybe_print(f"steps {env_steps}/{exp.steps} | {sps:.0f} env-steps/s | updates {learner_steps} "
-                               f"({ups:.0f}/s) | episode return "
-                               f"{'-' if not count else f'{ep_return:.1f}'} | eval {history_text}")
-          pending = {k: 0 * v for k, v in pending.items()}
-      if env_steps >= next_eval:
-        next_eval += exp.eval_every * max(1, math.ceil((env_steps - next_eval + 1) / exp.eval_every))
+        host.env_steps += plan.iteration_steps
+        for key in host.pending:
+          host.pending[key] += ys[key][i].item()
+        host.learner_steps += int(ys["calls"][i]) * loop.updates_per_call
+        host.episodes_total += int(ys["episodes"][i])
+        if host.env_steps >= host.next_log:
+          host.next_log += exp.log_every * max(1, math.ceil((host.env_steps - host.next_log + 1) / exp.log_every))
+          log_rows(exp, plan, loop, host, loggers, progress, ys, chunk_wall,
+                   chunk_began + chunk_wall * (i + 1) / plan.chunk_iterations)
+      if host.env_steps >= host.next_eval:
+        host.next_eval += exp.eval_every * max(1, math.ceil((host.env_steps - host.next_eval + 1) / exp.eval_every))
         evaluate()
-        if exp.stop_at_threshold and history.reached:
+        if exp.stop_at_threshold and host.history.reached:
           break
-    if last_eval_steps != env_steps:
+      if schedule.due(host.env_steps) and host.env_steps < exp.steps:  # the last one follows the loop
+        save_checkpoint()
+    if host.last_eval_steps != host.env_steps:
       evaluate()
+    save_checkpoint()
     final_params = jax.device_get(get_params(carry))
-    save_policy(run_dir, "final", final_params, snapshot_info(**last_eval))
+    save_policy(run_dir, "final", final_params, snapshot_info(**host.last_eval))
   finally:
     for logger in loggers.values():
       logger.close()
@@ -519,23 +578,48 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
   clock.active = False
   summary = {
       "agent": exp.agent, "env": exp.env, "seed": exp.seed, "replay": "device",
-      "actor_steps": env_steps, "learner_steps": learner_steps, "episodes": episodes_total,
-      "wall_seconds": round(wall, 3), **history.summary(),
-      "learner_devices": int(mesh.devices.size), "learner_processes": 1, "resumed": False, "checkpoints": [],
+      "actor_steps": host.env_steps, "learner_steps": host.learner_steps, "episodes": host.episodes_total,
+      "wall_seconds": round(wall, 3), **host.history.summary(),
+      "learner_devices": int(mesh.devices.size), "learner_processes": 1, "resumed": saved is not None,
+      "checkpoints": [os.path.basename(p) for p in checkpointer.all()],
       "backend": "device", "num_envs": plan.num_envs, "chunk_steps": plan.chunk_steps,
       "compile_seconds": round(compile_seconds, 3), "jax_compile_seconds": round(clock.seconds, 3),
       "setup_seconds": round(setup_seconds, 3),
-      "loop_seconds": round(loop_seconds, 3), "eval_seconds": round(eval_seconds, 3),
-      "env_steps_per_second": round(env_steps / max(loop_seconds, 1e-9), 1),
+      "loop_seconds": round(host.loop_seconds, 3), "eval_seconds": round(host.eval_seconds, 3),
+      "env_steps_per_second": round(host.env_steps / max(host.loop_seconds, 1e-9), 1),
       "loop_compiles": clock.backend_compiles - compiles_before_loop,
       "compilation_cache": cache_dir,
       "params_digest": params_digest(final_params),
   }
   write_json(os.path.join(run_dir, SUMMARY_FILE), summary)
   plots.plot_learning_curve(run_dir, f"{exp.agent} on {exp.env}, seed {exp.seed} (device)", threshold)
-  progress.maybe_print(f"done: {env_steps} steps in {wall:.1f}s (compile {compile_seconds:.1f}s, "
+  progress.maybe_print(f"done: {host.env_steps} steps in {wall:.1f}s (compile {compile_seconds:.1f}s, "
                        f"{summary['env_steps_per_second']:.0f} env-steps/s) | eval {summary['eval_return']:.1f} "
                        f"(best {summary['best_eval_return']:.1f}) | steps to threshold "
                        f"{summary['steps_to_threshold']} | {run_dir}", force=True)
   summary["run_dir"] = run_dir
   return summary
+
+
+def log_rows(exp: ExperimentConfig, plan: Plan, loop: DeviceLoop, host: HostState, loggers, progress, ys,
+             chunk_wall: float, wall: float) -> None:
+  """Writes the actor and learner rows summed in `host.pending` since the last row, prints
+  progress, and starts the next row."""
+  pending = host.pending
+  sps = plan.chunk_steps / max(chunk_wall, 1e-9)
+  ups = sum(int(c) for c in ys["calls"]) * loop.updates_per_call / max(chunk_wall, 1e-9)
+  count = pending["episodes"]
+  ep_return = pending["return_sum"] / count if count else float("nan")
+  ep_length = pending["length_sum"] / count if count else float("nan")
+  loggers["actor"].write({"actor_steps": host.env_steps, "episodes": host.episodes_total, "episode_return": ep_return,
+                          "episode_length": ep_length, "steps_per_second": sps, "wall_seconds": wall})
+  if pending["calls"]:
+    loggers["learner"].write({"actor_steps": host.env_steps, "learner_steps": host.learner_steps,
+                              **{k: pending[k] / pending["calls"] for k in loop.metric_keys},
+                              "updates_per_second": ups, "wall_seconds": wall})
+  history = host.history
+  history_text = f"{history.returns[-1]:.1f} (best {max(history.returns):.1f})" if history.returns else "-"
+  progress.maybe_print(f"steps {host.env_steps}/{exp.steps} | {sps:.0f} env-steps/s | updates {host.learner_steps} "
+                       f"({ups:.0f}/s) | episode return {'-' if not count else f'{ep_return:.1f}'} | "
+                       f"eval {history_text}")
+  host.pending = {k: 0 * v for k, v in pending.items()}
