@@ -81,6 +81,11 @@ BAD_INPUTS = {
     "unknown gymnax id": (["--env", "gymnax:NoSuchEnv-v0"], "env: unknown gymnax id 'NoSuchEnv-v0'"),
     "gymnasium id": (["--env", "CartPole-v1"], "env: --backend device needs a JAX-native env"),
     "distributed": (["--env", "gymnax:CartPole-v1", "--distributed"], "backend: 'device' runs in one process"),
+    "factory returns no env": (["--env", "gymnax:examples.jax_envs:not_an_env"],
+                               "env: the env factory 'examples.jax_envs:not_an_env' returned str, not a gymnax "
+                               "Environment"),
+    "factory not importable": (["--env", "gymnax:examples.nowhere:corridor"],
+                               "env: cannot import 'examples.nowhere' for the env factory"),
 }
 
 
@@ -101,6 +106,39 @@ def test_bad_input_gives_one_line_and_status_2(tmp_path):
 def _read(path):
   with open(path) as f:
     return list(csv.DictReader(f))
+
+
+@pytest.mark.device
+def test_an_env_of_your_own_runs_in_the_loop_and_is_learned(tmp_path):
+  """`gymnax:pkg.module:function`: the example corridor (goal end drawn at each reset) is solved by
+  DQN on the device backend, where always moving one way is not; its threshold is the env's own,
+  and the run's policy reloads through the library API."""
+  import jrl
+  from jrl.device.envs import GymnaxVecEnv, reward_threshold
+  from jrl.device.runner import run_device
+  env_id = "gymnax:examples.jax_envs:corridor"
+  env = GymnaxVecEnv(env_id)
+  assert env.spec.observation_shape == (2,) and env.spec.num_actions == 2 and env.max_episode_steps == 50
+  assert reward_threshold(env_id) == 0.8
+
+  def constant_policy_return(action: int, episodes: int = 256) -> float:
+    obs, state = env.reset(jax.random.PRNGKey(0), episodes)
+    total, running = jnp.zeros(episodes), jnp.ones(episodes, bool)
+    for t in range(env.max_episode_steps):
+      out = env.step(jax.random.PRNGKey(t + 1), state, jnp.full(episodes, action, jnp.int32))
+      total, state = total + out.reward * running, out.state
+      running &= ~(out.terminated | out.truncated)
+    return float(total.mean())
+
+  assert max(constant_policy_return(0), constant_policy_return(1)) < 0.4
+  run_dir = tmp_path / "corridor"
+  exp = ExperimentConfig(agent="dqn", env=env_id, backend="device", seed=0, steps=6_000, eval_every=2_000,
+                         eval_episodes=16, run_dir=str(run_dir), progress_seconds=0)
+  summary = run_device(exp, dqn.Config(min_replay_size=500))
+  assert summary["reward_threshold"] == 0.8
+  assert summary["steps_to_threshold"] is not None and summary["eval_return"] >= 0.8, summary
+  policy = jrl.load_policy(str(run_dir), "final")
+  assert [int(policy(np.asarray([0.0, side], np.float32))) for side in (-1.0, 1.0)] == [0, 1]
 
 
 @pytest.mark.device

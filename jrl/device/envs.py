@@ -1,5 +1,9 @@
 """gymnax environments for the device backend: ids `gymnax:ENV_ID`, specs and batched steps.
 
+`gymnax:pkg.module:function` names a factory of your own JAX-native env instead: a function
+returning a gymnax `Environment` (its `default_params` are used) or a pair `(env, env_params)`;
+an optional `reward_threshold` attribute of the env is the run's success threshold.
+
 gymnax 1.0.1 steps one env as a pure function and resets a finished env inside
 the same step (SAME_STEP autoreset): `step` returns the reset observation and
 puts the true final observation in `info["final_observation"]`, which is what
@@ -13,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jrl.envs import is_factory_ref, load_env_factory
 from jrl.errors import ConfigError
 from jrl.specs import EnvSpec
 
@@ -29,27 +34,56 @@ def _gymnax():
 
 
 def gymnax_name(env_id: str) -> str:
-  """The gymnax id inside `gymnax:ENV_ID`; ConfigError('env', ...) for anything else."""
+  """What follows `gymnax:` (a gymnax id or a factory reference); ConfigError('env', ...) for an id
+  without the prefix, or a gymnax id gymnax does not know."""
   if not is_gymnax_id(env_id):
     raise ConfigError("env", f"--backend device needs a JAX-native env given as '{PREFIX}ENV_ID' "
-                             f"(e.g. {PREFIX}CartPole-v1), got the gymnasium id '{env_id}'")
+                             f"(e.g. {PREFIX}CartPole-v1) or '{PREFIX}pkg.module:function', got the gymnasium "
+                             f"id '{env_id}'")
   name = env_id[len(PREFIX):]
+  if is_factory_ref(name):
+    return name
   known = list(_gymnax().registered_envs)
   if name not in known:
     close = [k for k in known if k.lower().startswith(name.split("-")[0].lower())] if name else []
     hint = f" (did you mean {', '.join(PREFIX + k for k in sorted(close)[:3])}?)" if close else ""
-    raise ConfigError("env", f"unknown gymnax id '{name}'{hint}; known: {', '.join(sorted(known))}")
+    raise ConfigError("env", f"unknown gymnax id '{name}'{hint}; known: {', '.join(sorted(known))} "
+                             f"(or {PREFIX}pkg.module:function for an env of your own)")
   return name
 
 
+def make_gymnax_env(env_id: str) -> Tuple[Any, Any]:
+  """The gymnax env and its params for `gymnax:ENV_ID` or `gymnax:pkg.module:function`;
+  ConfigError('env', ...) naming a factory that fails or returns something else."""
+  name = gymnax_name(env_id)
+  if not is_factory_ref(name):
+    return _gymnax().make(name)
+  try:
+    made = load_env_factory(name)()
+  except ConfigError:
+    raise
+  except Exception as e:  # noqa: BLE001 - the factory is user code: name it, in one line
+    raise ConfigError("env", f"the env factory '{name}' raised {type(e).__name__}: {e}") from e
+  env, params = made if isinstance(made, tuple) and len(made) == 2 else (made, getattr(made, "default_params", None))
+  base = _gymnax().environments.environment.Environment
+  if not isinstance(env, base) or params is None:
+    raise ConfigError("env", f"the env factory '{name}' returned {type(made).__name__}, not a gymnax Environment "
+                             "(or a pair (env, env_params))")
+  return env, params
+
+
 def check_device_env_id(env_id: str) -> None:
-  gymnax_name(env_id)
+  make_gymnax_env(env_id)
 
 
 def reward_threshold(env_id: str) -> Optional[float]:
-  """gymnasium's threshold for the same id where gymnasium has the env (CartPole-v1: 475)."""
+  """gymnasium's threshold for the same id where gymnasium has the env (CartPole-v1: 475); a
+  factory's env: its `reward_threshold` attribute, if it has one."""
   import gymnasium as gym
   name = gymnax_name(env_id)
+  if is_factory_ref(name):
+    threshold = getattr(make_gymnax_env(env_id)[0], "reward_threshold", None)
+    return None if threshold is None else float(threshold)
   return gym.spec(name).reward_threshold if name in gym.registry else None
 
 
@@ -83,7 +117,7 @@ class GymnaxVecEnv:
   def __init__(self, env_id: str):
     self.env_id = env_id
     self.name = gymnax_name(env_id)
-    self.env, self.params = _gymnax().make(self.name)
+    self.env, self.params = make_gymnax_env(env_id)
     self.spec = _space_spec(self.env.observation_space(self.params), self.env.action_space(self.params))
     self.max_episode_steps = int(getattr(self.params, "max_steps_in_episode", 0)) or None
 
