@@ -9,6 +9,9 @@ run's eval_episodes, the evaluator seed and evaluation index its .json records),
 `--which best` repeats the run's best evaluation exactly. `--seed S` runs other
 episodes: env i resets with seed S + i. `--video` also writes those episodes, one
 after another, to an H.264 MP4.
+
+Runs of `--backend device` (gymnax envs) are evaluated as their runs evaluated, on device: the
+episodes of evaluation k reset with the key of the evaluator seed and k (`--seed S`: of S and 0).
 """
 
 import argparse
@@ -28,6 +31,18 @@ def evaluation_seed(exp, info: Dict[str, Any]) -> Tuple[int, int]:
   if "eval_seed" in info:
     return int(info["eval_seed"]), int(info.get("eval_index", 0))
   return exp.seed + EVAL_SEED_OFFSET, 0
+
+
+def device_returns(exp, policy, params, episodes: int, seed: int, index: int):
+  """Returns of a device run's policy over `episodes` gymnax envs, as the run's evaluation
+  `index` with evaluator seed `seed` played them (`jrl.device.runner.evaluate_episodes`)."""
+  import jax
+  import numpy as np
+  from jrl.device.envs import GymnaxVecEnv
+  from jrl.device.runner import evaluate_episodes, evaluation_key
+  env = GymnaxVecEnv(exp.env)
+  play = jax.jit(lambda p, k: evaluate_episodes(env, policy, p, k, episodes))
+  return np.asarray(play(params, evaluation_key(seed, index)))
 
 
 def _format(value) -> str:
@@ -71,6 +86,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       _check_video_path(args.video)
     snapshot = load_snapshot(args.run_dir, args.which)
     exp, parts = snapshot.experiment, snapshot.parts
+    if args.video is not None and exp.backend == "device":
+      raise ConfigError("video", f"the run's gymnax env ({exp.env}) does not render; videos are of gymnasium envs")
     if args.video is not None:
       from jrl.video import check_renders
       check_renders(exp.env)
@@ -80,18 +97,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   episodes = args.episodes or int(snapshot.info.get("eval_episodes", exp.eval_episodes))
   seed, index = evaluation_seed(exp, snapshot.info) if args.seed is None else (args.seed, 0)
   policy = parts.agent.make_policy(parts.networks, snapshot.agent_config, evaluation=True)
-  evaluator = Evaluator(exp.env, policy, episodes, seed, first_index=index)
-  try:
-    returns = evaluator.run(snapshot.params)
-  finally:
-    evaluator.close()
+  if exp.backend == "device":
+    returns = device_returns(exp, policy, snapshot.params, episodes, seed, index)
+    resets = f"envs reset with the key of seed {seed} and evaluation {index}, on device"
+  else:
+    evaluator = Evaluator(exp.env, policy, episodes, seed, first_index=index)
+    try:
+      returns = evaluator.run(snapshot.params)
+    finally:
+      evaluator.close()
+    first = seed + 1000 * index
+    resets = f"envs reset with seeds {first}..{first + episodes - 1}"
 
   info = ", ".join(f"{k} {_format(v)}" for k, v in snapshot.info.items())
   print(f"{args.which} policy of {args.run_dir}: {info}")
-  first = seed + 1000 * index
   print(f"return {np.mean(returns):.3f} ± {np.std(returns):.3f} over {episodes} episodes "
-        f"({exp.env}, seed {seed}, evaluation {index}: envs reset with seeds {first}..{first + episodes - 1})",
-        flush=True)
+        f"({exp.env}, seed {seed}, evaluation {index}: {resets})", flush=True)
 
   if args.video is not None:
     from jrl.video import record_episodes

@@ -235,6 +235,26 @@ def test_a_run_resumed_from_its_checkpoint_ends_with_the_same_bytes(tmp_path):
     run_device(other, agent_cfg, chunk_steps=512)
 
 
+@pytest.mark.device
+def test_launch_evaluate_repeats_a_device_runs_evaluation(tmp_path, capsys):
+  """launch.evaluate on a device run plays the snapshot's own evaluation again, on device: the
+  same mean return the run recorded; a video is refused in one line (gymnax envs do not render)."""
+  from launch import evaluate
+  _short_run(tmp_path, "run", "dqn", 2_048)
+  run_dir = str(tmp_path / "run")
+  for which in ("best", "final"):
+    recorded = json.loads((tmp_path / "run" / "policies" / f"{which}.json").read_text())
+    capsys.readouterr()
+    assert evaluate.main([run_dir, "--which", which]) == 0
+    out = capsys.readouterr().out
+    assert f"return {recorded['eval_return']:.3f} ± " in out, (which, recorded, out)
+    assert f"over {recorded['eval_episodes']} episodes" in out
+  with pytest.raises(SystemExit) as exited:
+    evaluate.main([run_dir, "--video", str(tmp_path / "v.mp4")])
+  assert exited.value.code == 2
+  assert "video: the run's gymnax env (gymnax:CartPole-v1) does not render" in capsys.readouterr().err
+
+
 TWO_DEVICES = """
 import json, sys
 import distrax, rlax

@@ -345,30 +345,38 @@ class DeviceLoop:
     iteration = self._on_policy_iteration if self.plan.on_policy else self._off_policy_iteration
     return jax.lax.scan(iteration, carry, calls_due)
 
-  # Evaluation: greedy episodes on device, the first episode of each of eval_episodes envs.
-
   def evaluate(self, params, key):
-    env_key, policy_key, step_key = jax.random.split(key, 3)
-    e = self.exp.eval_episodes
-    obs, env_state = self.env.reset(env_key, e)
-    limit = (self.env.max_episode_steps or 100_000) + 1
+    return evaluate_episodes(self.env, self.eval_policy, params, key, self.exp.eval_episodes)
 
-    def cond(c):
-      return jnp.logical_and(c[4].any(), c[6] < limit)
 
-    def body(c):
-      obs, env_state, actor_state, returns, running, key, t = c
-      is_first = jnp.full(obs.shape[:1], t == 0)  # envs that ended no longer count
-      action, _, actor_state = self.eval_policy.select_action(params, obs, is_first, actor_state)
-      key, k = jax.random.split(key)
-      out = self.env.step(k, env_state, action)
-      returns = returns + out.reward * running
-      running = jnp.logical_and(running, ~jnp.logical_or(out.terminated, out.truncated))
-      return out.observation, out.state, actor_state, returns, running, key, t + 1
+def evaluation_key(evaluator_seed: int, index: int) -> jax.Array:
+  """The key of evaluation `index` of a run whose evaluator is seeded `evaluator_seed`."""
+  return jax.random.fold_in(jax.random.PRNGKey(evaluator_seed), index)
 
-    init = (obs, env_state, self.eval_policy.init(policy_key, e), jnp.zeros(e, jnp.float32), jnp.ones(e, bool),
-            step_key, jnp.zeros((), jnp.int32))
-    return jax.lax.while_loop(cond, body, init)[3]
+
+def evaluate_episodes(env: GymnaxVecEnv, policy, params, key: jax.Array, episodes: int) -> jax.Array:
+  """Returns [episodes] of `policy` (a `PolicyFns`, greedy for evaluation) on device: the first
+  episode of each of `episodes` envs reset with `key`. Jittable (`episodes` static)."""
+  env_key, policy_key, step_key = jax.random.split(key, 3)
+  obs, env_state = env.reset(env_key, episodes)
+  limit = (env.max_episode_steps or 100_000) + 1
+
+  def cond(c):
+    return jnp.logical_and(c[4].any(), c[6] < limit)
+
+  def body(c):
+    obs, env_state, actor_state, returns, running, key, t = c
+    is_first = jnp.full(obs.shape[:1], t == 0)  # envs that ended no longer count
+    action, _, actor_state = policy.select_action(params, obs, is_first, actor_state)
+    key, k = jax.random.split(key)
+    out = env.step(k, env_state, action)
+    returns = returns + out.reward * running
+    running = jnp.logical_and(running, ~jnp.logical_or(out.terminated, out.truncated))
+    return out.observation, out.state, actor_state, returns, running, key, t + 1
+
+  init = (obs, env_state, policy.init(policy_key, episodes), jnp.zeros(episodes, jnp.float32),
+          jnp.ones(episodes, bool), step_key, jnp.zeros((), jnp.int32))
+  return jax.lax.while_loop(cond, body, init)[3]
 
 
 def _prepare_run_dir(exp: ExperimentConfig, agent_cfg) -> str:
@@ -489,10 +497,9 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
   progress = Progress(f"{exp.agent} {exp.env} s{exp.seed}", exp.progress_seconds)
   schedule = CheckpointSchedule(exp.checkpoint_every_steps, exp.checkpoint_every_seconds, host.env_steps)
   evaluator_seed = exp.seed + 10_000
-  eval_base_key = jax.random.PRNGKey(evaluator_seed)
   samples_per_call = loop.updates_per_call * loop.batch_size
   get_params(carry)  # compiled now: the loop itself compiles nothing
-  jax.device_put(jax.random.fold_in(eval_base_key, 0), loop.replicated)
+  jax.device_put(evaluation_key(evaluator_seed, 0), loop.replicated)
   compiles_before_loop = clock.backend_compiles
   elapsed = lambda: host.wall_before + time.monotonic() - start
   setup_seconds = time.monotonic() - start  # metrics' wall_seconds count from the run's start, as summary.wall_seconds
@@ -505,7 +512,7 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
     host.last_eval_steps = host.env_steps
     eval_index = host.history.count
     params = get_params(carry)
-    key = jax.device_put(jax.random.fold_in(eval_base_key, eval_index), loop.replicated)
+    key = jax.device_put(evaluation_key(evaluator_seed, eval_index), loop.replicated)
     returns = np.asarray(compiled_eval(params, key))
     row = host.history.record(host.env_steps, returns)
     loggers["evaluator"].write({"actor_steps": host.env_steps, "learner_steps": host.learner_steps,
