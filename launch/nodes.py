@@ -35,7 +35,7 @@ from jrl.actors.variables import VariableClient
 from jrl.errors import Stopped
 from jrl.experiment import plots, report
 from jrl.experiment.bookkeeping import EvalHistory
-from jrl.experiment.builder import build_agent_parts, env_spec_of, example_item, make_actor, success_threshold
+from jrl.experiment.builder import build_acting_parts, build_agent_parts, example_item, make_actor, success_threshold
 from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import CHECKPOINTS_DIR, SUMMARY_FILE, write_json
@@ -480,10 +480,9 @@ class ActorNode:
   def run(self):
     exit_soon_after_stop()
     exp, cfg = self._exp, self._cfg
-    env_spec = env_spec_of(exp.env)
+    parts, asynchronous = build_acting_parts(exp.agent, exp.env, cfg)
     # A local policy on images computes its next actions while the adder and the inserts run.
-    ahead = cpu_jit.choose_dispatch(env_spec.observation_shape) and self._inference is None
-    parts = build_agent_parts(exp.agent, exp.env, cfg, env_spec)
+    ahead = asynchronous and self._inference is None
     seed, key = node_seeds(exp.seed, "actor", self._id, self._session.number)
     timer = report.PhaseTimer()
     if self._inference is None:

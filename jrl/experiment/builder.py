@@ -1,12 +1,12 @@
 """The agent's pieces for an experiment, shared by the embedded runner and distributed nodes."""
 
-from typing import Any, Dict, NamedTuple, Optional
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jrl import envs
+from jrl import cpu_jit, envs
 from jrl.agents import get_agent
 from jrl.networks import example_observation
 from jrl.replay.adders import make_step_adder
@@ -42,6 +42,15 @@ def build_agent_parts(agent_name: str, env_id: str, agent_cfg, env_spec: Optiona
     env_spec = env_spec_of(env_id)
   networks = agent.make_networks(env_spec, agent_cfg)
   return AgentParts(agent, env_spec, networks, agent.make_replay_spec(agent_cfg))
+
+
+def build_acting_parts(agent_name: str, env_id: str, agent_cfg) -> Tuple[AgentParts, bool]:
+  """`build_agent_parts` for a process that acts, whose CPU dispatch is first chosen from the
+  env's observations (`cpu_jit.choose_dispatch`: before the networks make JAX's CPU client);
+  returns the parts and whether jitted calls now return before their results are computed."""
+  env_spec = env_spec_of(env_id)
+  asynchronous = cpu_jit.choose_dispatch(env_spec.observation_shape)
+  return build_agent_parts(agent_name, env_id, agent_cfg, env_spec), asynchronous
 
 
 def success_threshold(exp) -> Optional[float]:

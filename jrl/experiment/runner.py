@@ -22,12 +22,12 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional
 import jax
 import numpy as np
 
-from jrl import compat, cpu_jit, jit_cache, seeding
+from jrl import compat, jit_cache, seeding
 from jrl.actors.evaluator import Evaluator
 from jrl.actors.variables import VariableClient
 from jrl.experiment import plots, report
 from jrl.experiment.bookkeeping import EvalHistory
-from jrl.experiment.builder import build_agent_parts, env_spec_of, example_item, make_actor, success_threshold
+from jrl.experiment.builder import build_acting_parts, example_item, make_actor, success_threshold
 from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule, checkpoint_to_resume
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import (CHECKPOINTS_DIR, CONFIG_FILE, SUMMARY_FILE, check_run_dir_target, config_payload,
@@ -241,9 +241,7 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   entered = time.perf_counter()
   jit_cache.enable_compilation_cache()  # a rerun loads its compiled programs (JRL_JAX_CACHE=off: never)
   distributed.initialize(exp.coordinator_address, exp.num_processes, exp.process_id)
-  env_spec = env_spec_of(exp.env)
-  cpu_jit.choose_dispatch(env_spec.observation_shape)  # before the networks make JAX's CPU client
-  parts = build_agent_parts(exp.agent, exp.env, agent_cfg, env_spec)
+  parts, asynchronous = build_acting_parts(exp.agent, exp.env, agent_cfg)
   agent, networks, replay_spec = parts.agent, parts.networks, parts.replay_spec
   mesh = sharding.make_mesh(exp.learner_devices)
   sharding.check_batch_size(agent_cfg.batch_size, mesh)
@@ -275,7 +273,7 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   # `cpu_jit.choose_dispatch`).
   actor = make_actor(exp, parts, agent_cfg, (variables, actor_key, None),
                      seeding.env_seed(exp.seed, "actor", exp.process_id), block_writer.add, timer,
-                     dispatch_ahead=not exp.deterministic and cpu_jit.dispatches_asynchronously())
+                     dispatch_ahead=not exp.deterministic and asynchronous)
   evaluator_seed = seeding.env_seed(exp.seed, "evaluator")
   evaluator = Evaluator(exp.env, agent.make_policy(networks, agent_cfg, evaluation=True),
                         exp.eval_episodes, seed=evaluator_seed)
