@@ -1,5 +1,6 @@
-"""The device backend: n-step window against the host adder, replay sampling, bad input,
-PPO on gymnax CartPole to 475 with the run directory, determinism, chunking and 1 vs 2 devices."""
+"""The device backend: n-step and sequence windows against the host adders, replay sampling, bad
+input, PPO on gymnax CartPole to 475 with the run directory, R2D2 and an env of one's own learned,
+determinism, chunking, resuming, launch.evaluate and 1 vs 2 devices."""
 
 import csv
 import dataclasses
@@ -55,6 +56,49 @@ def test_nstep_window_emits_the_adders_transitions():
     er, ed, enxt = expected[start]
     assert r == pytest.approx(float(er), abs=1e-5) and d == pytest.approx(float(ed), abs=1e-6) and nxt == enxt, start
   assert all(k in got for k in expected if k[1] <= steps - n)  # and every one the adder wrote is emitted
+
+
+def test_sequence_window_emits_the_host_adders_sequences_and_the_ring_keeps_them():
+  """R2D2's items: the same overlapping sequences, at the same steps, as OverlappingSequenceAdder
+  (episode ends inside them), and a full ring of sequences drops exactly its oldest."""
+  from jrl.replay.sequence_adder import START_STATE_KEY, OverlappingSequenceAdder
+  num_envs, length, period, steps = 3, 5, 2, 24  # the last step emits nothing
+  rng = np.random.default_rng(1)
+  terminated = rng.random((steps, num_envs)) < 0.15
+  truncated = (rng.random((steps, num_envs)) < 0.1) & ~terminated
+  reward = rng.normal(size=(steps, num_envs)).astype(np.float32)
+  obs = lambda t: np.stack([np.array([e, t], np.float32) for e in range(num_envs)])
+  final = lambda t: obs(t) + np.float32(0.5)
+  action = lambda t: np.full(num_envs, t % 2, np.int32)
+  core = lambda t: rng.normal(size=(num_envs, 4)).astype(np.float32)
+  cores = [core(t) for t in range(steps)]
+
+  adder = OverlappingSequenceAdder(num_envs, length, period)
+  window = device_replay.sequence_window_init(length, jnp.asarray(obs(0)), jnp.asarray(action(0)),
+                                              jnp.asarray(cores[0]))
+  add = jax.jit(device_replay.sequence_window_add, static_argnums=8)
+  ring = device_replay.ring_init(device_replay.sequence_window_add(window, obs(0), action(0), reward[0],
+                                                                    terminated[0], truncated[0], final(0), cores[0],
+                                                                    period)[1], slots=3)
+  emitted = []
+  for t in range(steps):
+    expected = adder.add(obs(t), action(t), reward[t], terminated[t], truncated[t], final(t),
+                         {START_STATE_KEY: cores[t]})
+    window, got, due = add(window, obs(t), action(t), reward[t], terminated[t], truncated[t], final(t), cores[t],
+                           period)
+    assert bool(due) == (len(expected.reward) > 0), t
+    if bool(due):
+      for field in expected._fields:
+        np.testing.assert_array_equal(np.asarray(getattr(got, field)), getattr(expected, field), err_msg=field)
+      emitted.append(expected)
+    ring = device_replay.ring_insert(ring, got, due)
+  assert len(emitted) == 1 + (steps - length) // period == 10
+  written = device_replay.sequences_written(steps, num_envs, length, period)
+  assert int(ring.rows) * num_envs == written == 30
+  # Three slots: the last three emissions, in FIFO slots (rows 7, 8, 9 -> slots 1, 2, 0); the step
+  # after row 9 emitted nothing and left row 7, the next to go, as it was.
+  for row in (7, 8, 9):
+    np.testing.assert_array_equal(np.asarray(ring.data.observation[row % 3]), emitted[row].observation)
 
 
 def test_ring_sampling_is_stratified_uniform_and_gathers_locally():
@@ -139,6 +183,25 @@ def test_an_env_of_your_own_runs_in_the_loop_and_is_learned(tmp_path):
   assert summary["steps_to_threshold"] is not None and summary["eval_return"] >= 0.8, summary
   policy = jrl.load_policy(str(run_dir), "final")
   assert [int(policy(np.asarray([0.0, side], np.float32))) for side in (-1.0, 1.0)] == [0, 1]
+
+
+@pytest.mark.device
+def test_r2d2_learns_gymnax_cartpole_in_the_loop(tmp_path):
+  """R2D2 on the device backend: overlapping sequences with their start core states in a
+  prioritized on-device ring, learner calls counted in sequences as the host runner counts them."""
+  from jrl.agents import r2d2
+  from jrl.device.replay import sequences_written
+  from jrl.device.runner import run_device
+  from jrl.replay.local import calls_due
+  cfg = r2d2.Config()
+  exp = ExperimentConfig(agent="r2d2", env="gymnax:CartPole-v1", backend="device", seed=0, steps=20_000,
+                         eval_every=5_000, run_dir=str(tmp_path / "r2d2"), progress_seconds=0)
+  summary = run_device(exp, cfg)
+  written = sequences_written(20_000 // 8, 8, cfg.sequence_length, cfg.sequence_period)
+  u = exp.updates_per_call
+  assert summary["learner_steps"] == u * calls_due(written, cfg.replay_spec(), u * cfg.batch_size) > 0
+  assert summary["best_eval_return"] >= 200, summary  # a random policy: ~22
+  assert summary["loop_compiles"] == 0
 
 
 @pytest.mark.device
@@ -259,14 +322,15 @@ TWO_DEVICES = """
 import json, sys
 import distrax, rlax
 import jax, numpy as np
-from jrl.agents import dqn, ppo
+from jrl.agents import dqn, ppo, r2d2
 from jrl.device.runner import run_device
 from jrl.experiment.config import ExperimentConfig
 from jrl.policies import load_params
 out = {}
-for agent, steps in (("ppo", 8192), ("dqn", 640)):
+configs = {"dqn": dqn.Config(min_replay_size=512), "ppo": ppo.Config(), "r2d2": r2d2.Config(min_replay_size=64)}
+for agent, steps in (("ppo", 8192), ("dqn", 640), ("r2d2", 3000)):
   for devices in (1, 2):
-    cfg = dqn.Config(min_replay_size=512) if agent == "dqn" else ppo.Config()
+    cfg = configs[agent]
     run_dir = f"{sys.argv[1]}/{agent}{devices}"
     exp = ExperimentConfig(agent=agent, env="gymnax:CartPole-v1", backend="device", seed=1, steps=steps,
                            eval_every=1024, learner_devices=devices, run_dir=run_dir, progress_seconds=0)
@@ -280,7 +344,8 @@ json.dump({"devices": jax.device_count(), **out}, open(sys.argv[1] + "/out.json"
 @pytest.mark.device
 def test_two_devices_learn_as_one(tmp_path):
   """Forced 2 CPU devices: the same eval curve (PPO) and the same parameters within float
-  tolerance (DQN, whose gradient all-reduce sums in another order), each with no compile in the loop."""
+  tolerance (DQN and R2D2, whose gradient all-reduce sums in another order), each with no compile
+  in the loop."""
   script = tmp_path / "two.py"
   script.write_text(TWO_DEVICES)
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", PYTHONPATH=ROOT)
@@ -289,7 +354,7 @@ def test_two_devices_learn_as_one(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = json.loads((tmp_path / "out.json").read_text())
   assert out["devices"] == 2
-  for agent in ("ppo", "dqn"):
+  for agent in ("ppo", "dqn", "r2d2"):
     one, two = out[f"{agent}1"], out[f"{agent}2"]
     assert (one["summary"]["learner_devices"], two["summary"]["learner_devices"]) == (1, 2)
     assert one["summary"]["loop_compiles"] == two["summary"]["loop_compiles"] == 0

@@ -8,7 +8,12 @@ bootstrapping from the true final observation). This is the same set of
 transitions as `jrl.replay.adders.NStepTransitionAdder` writes (one per env
 step), each emitted n - 1 steps later and with a fixed shape, so it compiles.
 
-Replay. `Ring` stores transitions as rows of one vector step, `[S, N, ...]`
+Sequences (R2D2). `SequenceWindow` keeps the last `length` vector steps and every `period`
+steps, once full, emits one `RecurrentSequence` per env with the core state its first step
+began from: the sequences `jrl.replay.sequence_adder.OverlappingSequenceAdder` writes, at the
+same steps, stored in a `Ring` of sequences (`[S, N, T, ...]`, counted in sequences).
+
+Replay. `Ring` stores transitions (or sequences) as rows of one vector step, `[S, N, ...]`
 (S = max_size // N slots, FIFO). A learner call draws `U x B` transitions,
 each uniform over the stored ones, stratified by env: batch column b draws its
 env from the group `[b N / B, (b + 1) N / B)` (one env, or B / N columns per
@@ -20,7 +25,7 @@ is no per-call cost to amortise on device). Prioritized replay draws over the
 whole buffer (inverse CDF of p^alpha) and gathers across devices.
 """
 
-from typing import NamedTuple, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +35,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from jrl.errors import ConfigError
 from jrl.learners.sharding import DATA_AXIS
+from jrl.replay.sequence_adder import RecurrentSequence
 from jrl.types import Transition
 
 
@@ -78,9 +84,45 @@ def window_add(window: NStepWindow, obs, action, reward, terminated, truncated, 
   return window, transitions, window.steps >= n
 
 
+class SequenceWindow(NamedTuple):
+  """The last `length` vector steps, oldest first; leaves `[T, N, ...]` as RecurrentSequence's
+  fields (start_state: the core state each step began from, `[T, N, S]`)."""
+  steps: RecurrentSequence
+  added: jax.Array  # [] int32 vector steps added
+
+
+def sequence_window_init(length: int, obs: jax.Array, action: jax.Array, start_state: jax.Array) -> SequenceWindow:
+  zeros = lambda x: jnp.zeros((length,) + x.shape, x.dtype)
+  scalars = jnp.zeros((length, obs.shape[0]), jnp.float32)
+  return SequenceWindow(RecurrentSequence(zeros(obs), zeros(action), scalars, scalars, scalars, zeros(obs),
+                                          zeros(start_state)), jnp.zeros((), jnp.int32))
+
+
+def sequence_window_add(window: SequenceWindow, obs, action, reward, terminated, truncated, next_obs,
+                        start_state, period: int) -> Tuple[SequenceWindow, RecurrentSequence, jax.Array]:
+  """Adds one vector step; returns (window, the sequences [N, T, ...] of the last T steps,
+  whether they are due: T steps in, then every `period` steps)."""
+  length = window.steps.reward.shape[0]
+  push = lambda hist, new: jnp.concatenate([hist[1:], new[None].astype(hist.dtype)], axis=0)
+  done = jnp.logical_or(terminated, truncated)
+  step = RecurrentSequence(obs, action, reward, 1.0 - terminated.astype(jnp.float32), done.astype(jnp.float32),
+                           next_obs, start_state)
+  window = SequenceWindow(jax.tree_util.tree_map(push, window.steps, step), window.added + 1)
+  sequences = jax.tree_util.tree_map(lambda x: jnp.swapaxes(x, 0, 1), window.steps)  # [N, T, ...]
+  sequences = sequences._replace(start_state=sequences.start_state[:, 0])
+  due = jnp.logical_and(window.added >= length, (window.added - length) % period == 0)
+  return window, sequences, due
+
+
+def sequences_written(vector_steps: int, num_envs: int, length: int, period: int) -> int:
+  """Sequences a `SequenceWindow` has emitted after `vector_steps` steps (exact integers, for the
+  host's learner-call schedule)."""
+  return 0 if vector_steps < length else num_envs * (1 + (vector_steps - length) // period)
+
+
 class Ring(NamedTuple):
   """FIFO replay of transition rows; leaves `[S, N, ...]`."""
-  data: Transition
+  data: Any       # Transition or RecurrentSequence, leaves [S, N, ...]
   rows: jax.Array  # [] int32 rows inserted so far
   priority: Optional[jax.Array] = None  # [S, N] float32 (prioritized replay), else None
 
@@ -89,18 +131,23 @@ class Ring(NamedTuple):
 INITIAL_PRIORITY = 1.0
 
 
-def ring_init(example: Transition, slots: int, prioritized: bool = False) -> Ring:
-  """`example`: transitions [N, ...] of one vector step."""
+def ring_init(example: Any, slots: int, prioritized: bool = False) -> Ring:
+  """`example`: transitions (or sequences) [N, ...] of one vector step."""
   num_envs = jax.tree_util.tree_leaves(example)[0].shape[0]
   return Ring(jax.tree_util.tree_map(lambda x: jnp.zeros((slots,) + x.shape, x.dtype), example),
               jnp.zeros((), jnp.int32), jnp.zeros((slots, num_envs), jnp.float32) if prioritized else None)
 
 
-def ring_insert(ring: Ring, row: Transition, valid: jax.Array) -> Ring:
-  """Writes `row` at the next slot; counts it only when `valid` (the slot is reused otherwise)."""
+def ring_insert(ring: Ring, row: Any, valid: jax.Array) -> Ring:
+  """Writes `row` (transitions or sequences of one vector step) at the next slot when `valid`;
+  otherwise the ring is left as it was (a full ring's oldest row stays readable)."""
   slots = jax.tree_util.tree_leaves(ring.data)[0].shape[0]
   slot = ring.rows % slots
-  put = lambda store, x: jax.lax.dynamic_update_index_in_dim(store, x.astype(store.dtype), slot, 0)
+
+  def put(store, x):
+    new = jnp.where(valid, x.astype(store.dtype), jax.lax.dynamic_index_in_dim(store, slot, 0, keepdims=False))
+    return jax.lax.dynamic_update_index_in_dim(store, new, slot, 0)
+
   data = jax.tree_util.tree_map(put, ring.data, row)
   priority = ring.priority
   if priority is not None:

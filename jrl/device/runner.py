@@ -2,7 +2,8 @@
 
 One *iteration* of the loop is, for off-policy agents (DQN, SAC), one vector
 step of `num_envs` gymnax envs, its n-step transitions into the on-device ring
-buffer, and the learner calls that step makes due; for on-policy agents (PPO,
+buffer, and the learner calls that step makes due (R2D2: the overlapping sequences
+that step completes, with their start core states, counted in sequences); for on-policy agents (PPO,
 IMPALA), rollouts of `sequence_length` steps that fill whole batches of
 trajectories, then one learner call per batch in FIFO order (each trajectory
 used once, as the Reverb queue does). A *chunk* is a `lax.scan` of iterations,
@@ -59,6 +60,7 @@ from jrl.learners import sharding
 from jrl.learners.learner import make_multi_update, params_digest
 from jrl.policies import save_policy
 from jrl.replay.local import calls_due
+from jrl.replay.sequence_adder import START_STATE_KEY, RecurrentSequence
 from jrl.types import LearnerBatch, Trajectory
 
 ROLES = ("actor", "learner", "evaluator")
@@ -130,6 +132,12 @@ class Plan(NamedTuple):
   iteration_steps: int      # env steps per iteration
   chunk_iterations: int
   n_step: int               # off-policy: transitions are emitted n - 1 steps late
+  sequence_length: int = 0  # replayed sequences (R2D2): steps per sequence, else 0
+  sequence_period: int = 0  # and steps between the starts of consecutive sequences
+
+  @property
+  def replayed_sequences(self) -> bool:
+    return self.sequence_length > 0
 
   @property
   def chunk_steps(self) -> int:
@@ -142,9 +150,6 @@ def make_plan(exp: ExperimentConfig, parts: AgentParts, agent_cfg, num_devices: 
   n, b = exp.num_envs, agent_cfg.batch_size
   if n % num_devices:
     raise ConfigError("num_envs", f"must be divisible by the {num_devices} learner devices, got {n}")
-  if spec.replayed_sequences:
-    raise ConfigError("backend", f"{exp.agent} replays sequences with their recurrent state, which the device "
-                                 "backend does not store yet: use --backend host")
   if spec.sequences:
     if n % b and b % n:
       raise ConfigError("num_envs", f"and batch_size must divide one another for on-policy agents on the device "
@@ -156,10 +161,12 @@ def make_plan(exp: ExperimentConfig, parts: AgentParts, agent_cfg, num_devices: 
   else:
     device_replay.check_sizes(n, b, num_devices)
     rollouts, calls, iteration = 1, 0, n
-    n_step = getattr(agent_cfg, "n_step", 1)
+    # R2D2's n-step targets are the learner's; its sequences leave the window when due.
+    n_step = 1 if spec.replayed_sequences else getattr(agent_cfg, "n_step", 1)
   # Metric rows are cut inside a chunk; evaluations need the host. A run ends on a whole chunk.
   target = chunk_steps or min(exp.eval_every, exp.steps)
-  return Plan(spec.sequences, n, rollouts, calls, iteration, max(1, target // iteration), n_step)
+  return Plan(spec.sequences, n, rollouts, calls, iteration, max(1, target // iteration), n_step,
+              spec.replay_sequence_length, spec.replay_sequence_period)
 
 
 def _env_spec(tree, leading):
@@ -171,8 +178,11 @@ def carry_partition_specs(carry: Carry) -> Carry:
   env = lambda t: _env_spec(t, ("data",))
   rows = lambda t: _env_spec(t, (None, "data"))
   rep = lambda t: _env_spec(t, ())
-  window = None if carry.window is None else carry.window._replace(
-      **{f: rows(getattr(carry.window, f)) for f in carry.window._fields if f != "steps"}, steps=P())
+  if isinstance(carry.window, device_replay.SequenceWindow):
+    window = device_replay.SequenceWindow(rows(carry.window.steps), P())
+  else:
+    window = None if carry.window is None else carry.window._replace(
+        **{f: rows(getattr(carry.window, f)) for f in carry.window._fields if f != "steps"}, steps=P())
   ring = None if carry.ring is None else device_replay.Ring(
       rows(carry.ring.data), P(), None if carry.ring.priority is None else P(None, "data"))
   return Carry(env(carry.env_state), env(carry.obs), rep(carry.actor_state), rep(carry.learner_state),
@@ -208,20 +218,29 @@ class DeviceLoop:
     _, metrics = jax.eval_shape(self.learner.update, state, example)
     return sorted(k for k, v in metrics.items() if k != "priorities" and len(v.shape) == 0)
 
+  def _policy_extras(self, num_envs: int) -> Dict[str, jax.ShapeDtypeStruct]:
+    """Shapes of what the acting policy reports for `num_envs` envs (no compute)."""
+    params = jax.eval_shape(lambda k: self.learner.params(self.learner.init(k)), jax.random.PRNGKey(0))
+    obs = jax.ShapeDtypeStruct((num_envs,) + self.parts.env_spec.observation_shape, jnp.float32)
+    is_first = jax.ShapeDtypeStruct((num_envs,), bool)
+    state = jax.eval_shape(lambda k: self.policy.init(k, num_envs), jax.random.PRNGKey(0))
+    return jax.eval_shape(self.policy.select_action, params, obs, is_first, state)[1]
+
   def _example_batch(self) -> LearnerBatch:
     spec = self.parts.env_spec
     obs = jnp.zeros((self.batch_size,) + spec.observation_shape, jnp.float32)
     act = jnp.zeros((self.batch_size,) + spec.action_shape, spec.action_dtype)
     scalar = jnp.zeros((self.batch_size,), jnp.float32)
-    if not self.plan.on_policy:
+    if not self.plan.on_policy and not self.plan.replayed_sequences:
       from jrl.types import Transition
       return LearnerBatch(Transition(obs, act, scalar, scalar, obs), scalar)
-    params = jax.eval_shape(lambda k: self.learner.params(self.learner.init(k)), jax.random.PRNGKey(0))
-    is_first = jnp.ones((self.batch_size,), bool)
-    _, extras, _ = jax.eval_shape(self.policy.select_action, params, obs, is_first,
-                                  self.policy.init(jax.random.PRNGKey(0), self.batch_size))
-    t = self.spec.sequence_length
+    extras = self._policy_extras(self.batch_size)
+    t = self.plan.sequence_length or self.spec.sequence_length
     seq = lambda x: jnp.zeros((x.shape[0], t) + x.shape[1:], x.dtype)
+    if self.plan.replayed_sequences:
+      start = extras[START_STATE_KEY]
+      return LearnerBatch(RecurrentSequence(seq(obs), seq(act), seq(scalar), seq(scalar), seq(scalar), seq(obs),
+                                            jnp.zeros(start.shape, start.dtype)), scalar)
     traj = Trajectory(seq(obs), seq(act), seq(scalar), seq(scalar), seq(scalar), seq(obs),
                       {k: seq(v) for k, v in extras.items()})
     return LearnerBatch(traj, scalar)
@@ -240,7 +259,15 @@ class DeviceLoop:
     obs, env_state = self.env.reset(reset_key, n)
     learner_state = self.learner.init(learner_key)
     window = ring = None
-    if not self.plan.on_policy:
+    if self.plan.replayed_sequences:
+      action_example = jnp.zeros((n,) + self.parts.env_spec.action_shape, self.parts.env_spec.action_dtype)
+      start = self._policy_extras(n)[START_STATE_KEY]
+      start_example = jnp.zeros(start.shape, start.dtype)
+      window = device_replay.sequence_window_init(self.plan.sequence_length, obs, action_example, start_example)
+      _, row, _ = device_replay.sequence_window_add(window, obs, action_example, jnp.zeros(n), jnp.zeros(n, bool),
+                                                    jnp.zeros(n, bool), obs, start_example, self.plan.sequence_period)
+      ring = device_replay.ring_init(row, max(1, self.spec.max_size // n), self.spec.prioritized)
+    elif not self.plan.on_policy:
       action_example = jnp.zeros((n,) + self.parts.env_spec.action_shape, self.parts.env_spec.action_dtype)
       window = device_replay.window_init(self.plan.n_step, obs, action_example)
       _, row, _ = device_replay.window_add(window, obs, action_example, jnp.zeros(n), jnp.zeros(n, bool),
@@ -280,9 +307,14 @@ class DeviceLoop:
 
   def _off_policy_iteration(self, carry: Carry, calls_due):
     obs = carry.obs
-    carry, (action, _, out), stats = self._act(carry)
-    window, row, valid = device_replay.window_add(carry.window, obs, action, out.reward, out.terminated,
-                                                  out.truncated, out.final_observation, self.gamma)
+    carry, (action, extras, out), stats = self._act(carry)
+    if self.plan.replayed_sequences:
+      window, row, valid = device_replay.sequence_window_add(
+          carry.window, obs, action, out.reward, out.terminated, out.truncated, out.final_observation,
+          extras[START_STATE_KEY], self.plan.sequence_period)
+    else:
+      window, row, valid = device_replay.window_add(carry.window, obs, action, out.reward, out.terminated,
+                                                    out.truncated, out.final_observation, self.gamma)
     ring = device_replay.ring_insert(carry.ring, row, valid)
     carry = carry._replace(window=window, ring=ring)
     lead = (self.updates_per_call, self.batch_size)
@@ -540,6 +572,9 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
       return np.zeros(plan.chunk_iterations, np.int32)
     lag = plan.n_step - 1
     written = lambda steps: max(0, steps - lag) * plan.num_envs
+    if plan.replayed_sequences:  # counted in sequences, as the host counts R2D2's items
+      written = lambda steps: device_replay.sequences_written(steps, plan.num_envs, plan.sequence_length,
+                                                              plan.sequence_period)
     owed = [calls_due(written(host.vector_steps + i), loop.spec, samples_per_call)
             for i in range(plan.chunk_iterations + 1)]
     return np.diff(owed).astype(np.int32)
