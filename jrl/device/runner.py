@@ -37,7 +37,7 @@ import dataclasses
 import math
 import os
 import time
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -440,6 +440,8 @@ class HostState:
   eval_seconds: float = 0.0
   wall_before: float = 0.0  # wall seconds of the sessions before this one
   sessions: int = 0         # times the run was resumed
+  # Where the last metric row was cut: loop seconds (chunks only), env steps, learner steps.
+  row_mark: Tuple[float, int, int] = (0.0, 0, 0)
 
   def state(self) -> Dict[str, Any]:
     return {**dataclasses.asdict(self), "history": self.history.state()}
@@ -588,6 +590,7 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
       chunk_wall = time.monotonic() - chunk_start
       host.loop_seconds += chunk_wall
       chunk_began = elapsed() - chunk_wall
+      loop_began = host.loop_seconds - chunk_wall
       host.vector_steps += plan.chunk_iterations if not plan.on_policy else 0
       for i in range(plan.chunk_iterations):
         host.env_steps += plan.iteration_steps
@@ -597,8 +600,8 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
         host.episodes_total += int(ys["episodes"][i])
         if host.env_steps >= host.next_log:
           host.next_log += exp.log_every * max(1, math.ceil((host.env_steps - host.next_log + 1) / exp.log_every))
-          log_rows(exp, plan, loop, host, loggers, progress, ys, chunk_wall,
-                   chunk_began + chunk_wall * (i + 1) / plan.chunk_iterations)
+          share = (i + 1) / plan.chunk_iterations  # iterations take equal shares of their chunk's time
+          log_rows(exp, loop, host, loggers, progress, loop_began + chunk_wall * share, chunk_began + chunk_wall * share)
       if host.env_steps >= host.next_eval:
         host.next_eval += exp.eval_every * max(1, math.ceil((host.env_steps - host.next_eval + 1) / exp.eval_every))
         evaluate()
@@ -643,13 +646,17 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
   return summary
 
 
-def log_rows(exp: ExperimentConfig, plan: Plan, loop: DeviceLoop, host: HostState, loggers, progress, ys,
-             chunk_wall: float, wall: float) -> None:
+def log_rows(exp: ExperimentConfig, loop: DeviceLoop, host: HostState, loggers, progress, loop_seconds: float,
+             wall: float) -> None:
   """Writes the actor and learner rows summed in `host.pending` since the last row, prints
-  progress, and starts the next row."""
+  progress, and starts the next row. Rates are the row's own: its steps and updates over the
+  loop's seconds since the last row (evaluations and checkpoints between chunks left out)."""
   pending = host.pending
-  sps = plan.chunk_steps / max(chunk_wall, 1e-9)
-  ups = sum(int(c) for c in ys["calls"]) * loop.updates_per_call / max(chunk_wall, 1e-9)
+  mark_seconds, mark_steps, mark_updates = host.row_mark
+  seconds = max(loop_seconds - mark_seconds, 1e-9)
+  sps = (host.env_steps - mark_steps) / seconds
+  ups = (host.learner_steps - mark_updates) / seconds
+  host.row_mark = (loop_seconds, host.env_steps, host.learner_steps)
   count = pending["episodes"]
   ep_return = pending["return_sum"] / count if count else float("nan")
   ep_length = pending["length_sum"] / count if count else float("nan")
