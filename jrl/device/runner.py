@@ -1,67 +1,35 @@
-"""The device backend: env steps, acting, adding and learning in one compiled loop.
+"""The device backend's runs: `run_device` compiles the loop (`jrl.device.loop`) and, between
+its chunks, writes metrics, evaluates, saves policies and checkpoints, and prints progress.
 
-One *iteration* of the loop is, for off-policy agents (DQN, SAC), one vector
-step of `num_envs` gymnax envs, its n-step transitions into the on-device ring
-buffer, and the learner calls that step makes due (R2D2: the overlapping sequences
-that step completes, with their start core states, counted in sequences); for on-policy agents (PPO,
-IMPALA), rollouts of `sequence_length` steps that fill whole batches of
-trajectories, then one learner call per batch in FIFO order (each trajectory
-used once, as the Reverb queue does). A *chunk* is a `lax.scan` of iterations,
-compiled once (ahead of time) into one `jax.jit` program; the host runs chunks
-and, between them, only writes metrics, evaluates, saves policies and prints.
-
-Agents are used as they are: `make_policy(...).select_action` acts,
-`make_learner(...).update` learns, on the same `Transition` / `LearnerBatch`
-layouts the embedded runner feeds them.
-
-Samples per insert. The embedded runner makes learner call k due once
-`min_size + (k - 1) * U * B / samples_per_insert` transitions are written
-(`jrl.replay.calls_due`); here the host computes the same count for every vector step of
-a chunk, with the same formula and exact integers, and hands the per-step
-numbers to the chunk (its `xs`), so step i runs exactly the calls that
-became due at step i. Each call draws `U x B` transitions and runs U updates
-(`make_multi_update`, as the learner shell).
-
-Devices. The loop is data-parallel over the learner mesh (`--learner_devices`):
-envs, replay rows and batches are split along their env / batch axis, params
-and optimiser state are replicated, and XLA inserts the gradient all-reduce
-(the same GSPMD sharding as `jrl.learners.learner.Learner`). The program is
-written on global arrays and random numbers are partitionable, so its values
-do not depend on the number of devices (up to float summation order).
-
-Determinism. Everything is a pure function of the seed: the same seed on the
-same device count gives the same bytes.
+Checkpoints hold the loop's whole carry and the host's counters (`HostState`), so that a
+resumed run ends with the same bytes as one never stopped.
 """
 
 import dataclasses
 import math
 import os
 import time
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jrl import jit_cache
-from jrl.agents import get_agent
 from jrl.device import replay as device_replay
 from jrl.device.envs import GymnaxVecEnv, reward_threshold
+from jrl.device.loop import Carry, DeviceLoop, build_device_parts, evaluation_key, make_plan
 from jrl.errors import ConfigError
 from jrl.experiment import plots
 from jrl.experiment.bookkeeping import EvalHistory
 from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule, checkpoint_to_resume
-from jrl.experiment.builder import AgentParts
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import CONFIG_FILE, SUMMARY_FILE, check_run_dir_target, config_payload, write_json
 from jrl.experiment.logging import MetricsLogger, Progress, TensorBoard
 from jrl.learners import sharding
-from jrl.learners.learner import make_multi_update, params_digest
+from jrl.learners.learner import params_digest
 from jrl.policies import save_policy
 from jrl.replay.local import calls_due
-from jrl.replay.sequence_adder import START_STATE_KEY, RecurrentSequence
-from jrl.types import LearnerBatch, Trajectory
 
 ROLES = ("actor", "learner", "evaluator")
 COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
@@ -100,315 +68,6 @@ class CompileClock:
         total += end - start
         reach = end
     return total
-
-
-class Carry(NamedTuple):
-  """Everything the compiled loop carries from one iteration to the next."""
-  env_state: Any              # gymnax states [N]
-  obs: jax.Array              # [N, *obs]
-  actor_state: Any            # the policy's state (key, env steps)
-  learner_state: Any          # the learner's training state
-  env_key: jax.Array          # env randomness
-  replay_key: jax.Array       # replay sampling (folded with the call count)
-  episode_return: jax.Array   # [N] running returns
-  episode_length: jax.Array   # [N] int32 running lengths
-  learner_calls: jax.Array    # [] int32
-  window: Any                 # NStepWindow (off-policy) or None
-  ring: Any                   # Ring (off-policy) or None
-
-
-def build_device_parts(agent_name: str, env: GymnaxVecEnv, agent_cfg) -> AgentParts:
-  agent = get_agent(agent_name)
-  networks = agent.make_networks(env.spec, agent_cfg)
-  return AgentParts(agent, env.spec, networks, agent.make_replay_spec(agent_cfg))
-
-
-class Plan(NamedTuple):
-  """The loop's shape: how many env steps an iteration and a chunk take."""
-  on_policy: bool
-  num_envs: int
-  rollouts: int             # rollouts per iteration (on-policy)
-  calls_per_iteration: int  # learner calls per iteration (on-policy)
-  iteration_steps: int      # env steps per iteration
-  chunk_iterations: int
-  n_step: int               # off-policy: transitions are emitted n - 1 steps late
-  sequence_length: int = 0  # replayed sequences (R2D2): steps per sequence, else 0
-  sequence_period: int = 0  # and steps between the starts of consecutive sequences
-
-  @property
-  def replayed_sequences(self) -> bool:
-    return self.sequence_length > 0
-
-  @property
-  def chunk_steps(self) -> int:
-    return self.iteration_steps * self.chunk_iterations
-
-
-def make_plan(exp: ExperimentConfig, parts: AgentParts, agent_cfg, num_devices: int,
-              chunk_steps: Optional[int] = None) -> Plan:
-  spec = parts.replay_spec
-  n, b = exp.num_envs, agent_cfg.batch_size
-  if n % num_devices:
-    raise ConfigError("num_envs", f"must be divisible by the {num_devices} learner devices, got {n}")
-  if spec.sequences:
-    if n % b and b % n:
-      raise ConfigError("num_envs", f"and batch_size must divide one another for on-policy agents on the device "
-                                    f"backend (rollouts fill whole batches), got {n} and {b}")
-    rollouts = max(1, b // n)
-    calls = rollouts * n // b
-    iteration = rollouts * n * spec.sequence_length
-    n_step = 1
-  else:
-    device_replay.check_sizes(n, b, num_devices)
-    rollouts, calls, iteration = 1, 0, n
-    # R2D2's n-step targets are the learner's; its sequences leave the window when due.
-    n_step = 1 if spec.replayed_sequences else getattr(agent_cfg, "n_step", 1)
-  # Metric rows are cut inside a chunk; evaluations need the host. A run ends on a whole chunk.
-  target = chunk_steps or min(exp.eval_every, exp.steps)
-  return Plan(spec.sequences, n, rollouts, calls, iteration, max(1, target // iteration), n_step,
-              spec.replay_sequence_length, spec.replay_sequence_period)
-
-
-def _env_spec(tree, leading):
-  return jax.tree_util.tree_map(lambda _: P(*leading), tree)
-
-
-def carry_partition_specs(carry: Carry) -> Carry:
-  """Env axis split over the mesh (axis 0 of env leaves, axis 1 of window and ring rows)."""
-  env = lambda t: _env_spec(t, ("data",))
-  rows = lambda t: _env_spec(t, (None, "data"))
-  rep = lambda t: _env_spec(t, ())
-  if isinstance(carry.window, device_replay.SequenceWindow):
-    window = device_replay.SequenceWindow(rows(carry.window.steps), P())
-  else:
-    window = None if carry.window is None else carry.window._replace(
-        **{f: rows(getattr(carry.window, f)) for f in carry.window._fields if f != "steps"}, steps=P())
-  ring = None if carry.ring is None else device_replay.Ring(
-      rows(carry.ring.data), P(), None if carry.ring.priority is None else P(None, "data"))
-  return Carry(env(carry.env_state), env(carry.obs), rep(carry.actor_state), rep(carry.learner_state),
-               P(), P(), env(carry.episode_return), env(carry.episode_length), P(), window, ring)
-
-
-class DeviceLoop:
-  """The compiled pieces of a device run: init, chunk and evaluation."""
-
-  def __init__(self, exp: ExperimentConfig, agent_cfg, env: GymnaxVecEnv, parts: AgentParts,
-               mesh: jax.sharding.Mesh, plan: Plan):
-    self.exp, self.cfg, self.env, self.parts, self.mesh, self.plan = exp, agent_cfg, env, parts, mesh, plan
-    agent = parts.agent
-    self.learner = agent.make_learner(parts.networks, agent_cfg)
-    self.policy = agent.make_policy(parts.networks, agent_cfg)
-    self.eval_policy = agent.make_policy(parts.networks, agent_cfg, evaluation=True)
-    self.spec = parts.replay_spec
-    self.batch_size = agent_cfg.batch_size
-    self.updates_per_call = 1 if plan.on_policy else exp.updates_per_call
-    self.multi_update = make_multi_update(self.learner.update)
-    self.gather = device_replay.make_gather(mesh, plan.num_envs)
-    self.gamma = float(getattr(agent_cfg, "discount", 0.99))
-    self.metric_keys = self._metric_keys()
-    self.env_sharding = NamedSharding(mesh, P("data"))
-    self.batch_sharding = NamedSharding(mesh, P(None, "data"))
-    self.replicated = sharding.replicated(mesh)
-
-  # Shapes and shardings.
-
-  def _metric_keys(self) -> List[str]:
-    state = jax.eval_shape(self.learner.init, jax.random.PRNGKey(0))
-    example = self._example_batch()
-    _, metrics = jax.eval_shape(self.learner.update, state, example)
-    return sorted(k for k, v in metrics.items() if k != "priorities" and len(v.shape) == 0)
-
-  def _policy_extras(self, num_envs: int) -> Dict[str, jax.ShapeDtypeStruct]:
-    """Shapes of what the acting policy reports for `num_envs` envs (no compute)."""
-    params = jax.eval_shape(lambda k: self.learner.params(self.learner.init(k)), jax.random.PRNGKey(0))
-    obs = jax.ShapeDtypeStruct((num_envs,) + self.parts.env_spec.observation_shape, jnp.float32)
-    is_first = jax.ShapeDtypeStruct((num_envs,), bool)
-    state = jax.eval_shape(lambda k: self.policy.init(k, num_envs), jax.random.PRNGKey(0))
-    return jax.eval_shape(self.policy.select_action, params, obs, is_first, state)[1]
-
-  def _example_batch(self) -> LearnerBatch:
-    spec = self.parts.env_spec
-    obs = jnp.zeros((self.batch_size,) + spec.observation_shape, jnp.float32)
-    act = jnp.zeros((self.batch_size,) + spec.action_shape, spec.action_dtype)
-    scalar = jnp.zeros((self.batch_size,), jnp.float32)
-    if not self.plan.on_policy and not self.plan.replayed_sequences:
-      from jrl.types import Transition
-      return LearnerBatch(Transition(obs, act, scalar, scalar, obs), scalar)
-    extras = self._policy_extras(self.batch_size)
-    t = self.plan.sequence_length or self.spec.sequence_length
-    seq = lambda x: jnp.zeros((x.shape[0], t) + x.shape[1:], x.dtype)
-    if self.plan.replayed_sequences:
-      start = extras[START_STATE_KEY]
-      return LearnerBatch(RecurrentSequence(seq(obs), seq(act), seq(scalar), seq(scalar), seq(scalar), seq(obs),
-                                            jnp.zeros(start.shape, start.dtype)), scalar)
-    traj = Trajectory(seq(obs), seq(act), seq(scalar), seq(scalar), seq(scalar), seq(obs),
-                      {k: seq(v) for k, v in extras.items()})
-    return LearnerBatch(traj, scalar)
-
-  def carry_shardings(self, carry_shape: Carry) -> Carry:
-    specs = carry_partition_specs(carry_shape)
-    return jax.tree_util.tree_map(lambda s: NamedSharding(self.mesh, s), specs,
-                                  is_leaf=lambda x: isinstance(x, P))
-
-  # Init.
-
-  def init(self, seed: int) -> Carry:
-    learner_key, actor_key, rest = jax.random.split(jax.random.PRNGKey(seed), 3)
-    reset_key, env_key, replay_key = jax.random.split(rest, 3)
-    n = self.plan.num_envs
-    obs, env_state = self.env.reset(reset_key, n)
-    learner_state = self.learner.init(learner_key)
-    window = ring = None
-    if self.plan.replayed_sequences:
-      action_example = jnp.zeros((n,) + self.parts.env_spec.action_shape, self.parts.env_spec.action_dtype)
-      start = self._policy_extras(n)[START_STATE_KEY]
-      start_example = jnp.zeros(start.shape, start.dtype)
-      window = device_replay.sequence_window_init(self.plan.sequence_length, obs, action_example, start_example)
-      _, row, _ = device_replay.sequence_window_add(window, obs, action_example, jnp.zeros(n), jnp.zeros(n, bool),
-                                                    jnp.zeros(n, bool), obs, start_example, self.plan.sequence_period)
-      ring = device_replay.ring_init(row, max(1, self.spec.max_size // n), self.spec.prioritized)
-    elif not self.plan.on_policy:
-      action_example = jnp.zeros((n,) + self.parts.env_spec.action_shape, self.parts.env_spec.action_dtype)
-      window = device_replay.window_init(self.plan.n_step, obs, action_example)
-      _, row, _ = device_replay.window_add(window, obs, action_example, jnp.zeros(n), jnp.zeros(n, bool),
-                                           jnp.zeros(n, bool), obs, self.gamma)
-      ring = device_replay.ring_init(row, max(1, self.spec.max_size // n), self.spec.prioritized)
-    return Carry(env_state, obs, self.policy.init(actor_key, n), learner_state, env_key, replay_key,
-                 jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.int32), jnp.zeros((), jnp.int32), window, ring)
-
-  # One vector step of acting.
-
-  def _act(self, carry: Carry):
-    params = self.learner.params(carry.learner_state)
-    is_first = carry.episode_length == 0  # a new episode starts with this observation
-    action, extras, actor_state = self.policy.select_action(params, carry.obs, is_first, carry.actor_state)
-    env_key, step_key = jax.random.split(carry.env_key)
-    out = self.env.step(step_key, carry.env_state, action)
-    done = jnp.logical_or(out.terminated, out.truncated)
-    ep_return = carry.episode_return + out.reward
-    ep_length = carry.episode_length + 1
-    stats = {"return_sum": jnp.sum(jnp.where(done, ep_return, 0.0)),
-             "episodes": jnp.sum(done.astype(jnp.int32)),
-             "length_sum": jnp.sum(jnp.where(done, ep_length, 0))}
-    carry = carry._replace(env_state=out.state, obs=jax.lax.with_sharding_constraint(out.observation,
-                                                                                       self.env_sharding),
-                           actor_state=actor_state, env_key=env_key,
-                           episode_return=jnp.where(done, 0.0, ep_return),
-                           episode_length=jnp.where(done, 0, ep_length))
-    return carry, (action, extras, out), stats
-
-  def _zero_metrics(self):
-    return {k: jnp.zeros((), jnp.float32) for k in self.metric_keys}
-
-  def _add_metrics(self, total, metrics):
-    return {k: total[k] + jnp.mean(metrics[k]).astype(jnp.float32) for k in self.metric_keys}
-
-  # Iterations.
-
-  def _off_policy_iteration(self, carry: Carry, calls_due):
-    obs = carry.obs
-    carry, (action, extras, out), stats = self._act(carry)
-    if self.plan.replayed_sequences:
-      window, row, valid = device_replay.sequence_window_add(
-          carry.window, obs, action, out.reward, out.terminated, out.truncated, out.final_observation,
-          extras[START_STATE_KEY], self.plan.sequence_period)
-    else:
-      window, row, valid = device_replay.window_add(carry.window, obs, action, out.reward, out.terminated,
-                                                    out.truncated, out.final_observation, self.gamma)
-    ring = device_replay.ring_insert(carry.ring, row, valid)
-    carry = carry._replace(window=window, ring=ring)
-    lead = (self.updates_per_call, self.batch_size)
-
-    def call(_, inner):
-      learner_state, calls, totals, priority = inner
-      key = jax.random.fold_in(carry.replay_key, calls)
-      if priority is None:
-        slot, env = device_replay.sample_indices(key, ring, lead, self.plan.num_envs)
-        data, weights = self.gather(ring.data, slot, env), jnp.ones(lead, jnp.float32)
-      else:
-        slot, env, weights = device_replay.sample_prioritized(key, ring._replace(priority=priority), lead,
-                                                              self.spec.priority_exponent,
-                                                              self.spec.importance_exponent)
-        data = jax.tree_util.tree_map(lambda x: x[slot, env], ring.data)  # across devices
-        data = jax.lax.with_sharding_constraint(data, jax.tree_util.tree_map(lambda _: self.batch_sharding, data))
-      learner_state, metrics = self.multi_update(learner_state, LearnerBatch(data, weights))
-      if priority is not None:
-        priority = device_replay.update_priorities(ring._replace(priority=priority), slot, env,
-                                                   metrics["priorities"]).priority
-      return learner_state, calls + 1, self._add_metrics(totals, metrics), priority
-
-    learner_state, calls, totals, priority = jax.lax.fori_loop(
-        0, calls_due, call, (carry.learner_state, carry.learner_calls, self._zero_metrics(), ring.priority))
-    carry = carry._replace(learner_state=learner_state, learner_calls=calls, ring=ring._replace(priority=priority))
-    return carry, {**stats, "calls": calls_due.astype(jnp.int32), **totals}
-
-  def _on_policy_iteration(self, carry: Carry, _):
-    def step(c, _):
-      obs = c.obs
-      c, (action, extras, out), stats = self._act(c)
-      done = jnp.logical_or(out.terminated, out.truncated)
-      traj = Trajectory(obs, action, out.reward, 1.0 - out.terminated.astype(jnp.float32),
-                        done.astype(jnp.float32), out.final_observation, extras)
-      return c, (traj, stats)
-
-    def rollout(c, _):
-      c, (traj, stats) = jax.lax.scan(step, c, None, length=self.spec.sequence_length)   # [T, N, ...]
-      traj = jax.tree_util.tree_map(lambda x: jnp.swapaxes(x, 0, 1), traj)                 # [N, T, ...]
-      return c, (traj, jax.tree_util.tree_map(jnp.sum, stats))
-
-    carry, (traj, stats) = jax.lax.scan(rollout, carry, None, length=self.plan.rollouts)  # [R, N, T, ...]
-    stats = jax.tree_util.tree_map(jnp.sum, stats)
-    calls, b = self.plan.calls_per_iteration, self.batch_size
-    batches = jax.tree_util.tree_map(lambda x: x.reshape((calls, b) + x.shape[2:]), traj)  # FIFO: rollout, env
-    batches = jax.lax.with_sharding_constraint(batches, jax.tree_util.tree_map(lambda _: self.batch_sharding,
-                                                                               batches))
-
-    def call(c, batch):
-      learner_state, totals = c
-      learner_state, metrics = self.learner.update(learner_state, LearnerBatch(batch, jnp.ones((b,), jnp.float32)))
-      return (learner_state, self._add_metrics(totals, metrics)), None
-
-    (learner_state, totals), _ = jax.lax.scan(call, (carry.learner_state, self._zero_metrics()), batches)
-    carry = carry._replace(learner_state=learner_state, learner_calls=carry.learner_calls + calls)
-    return carry, {**stats, "calls": jnp.asarray(calls, jnp.int32), **totals}
-
-  def chunk(self, carry: Carry, calls_due: jax.Array):
-    """`chunk_iterations` iterations; `calls_due[i]`: learner calls due at iteration i (off-policy)."""
-    iteration = self._on_policy_iteration if self.plan.on_policy else self._off_policy_iteration
-    return jax.lax.scan(iteration, carry, calls_due)
-
-  def evaluate(self, params, key):
-    return evaluate_episodes(self.env, self.eval_policy, params, key, self.exp.eval_episodes)
-
-
-def evaluation_key(evaluator_seed: int, index: int) -> jax.Array:
-  """The key of evaluation `index` of a run whose evaluator is seeded `evaluator_seed`."""
-  return jax.random.fold_in(jax.random.PRNGKey(evaluator_seed), index)
-
-
-def evaluate_episodes(env: GymnaxVecEnv, policy, params, key: jax.Array, episodes: int) -> jax.Array:
-  """Returns [episodes] of `policy` (a `PolicyFns`, greedy for evaluation) on device: the first
-  episode of each of `episodes` envs reset with `key`. Jittable (`episodes` static)."""
-  env_key, policy_key, step_key = jax.random.split(key, 3)
-  obs, env_state = env.reset(env_key, episodes)
-  limit = (env.max_episode_steps or 100_000) + 1
-
-  def cond(c):
-    return jnp.logical_and(c[4].any(), c[6] < limit)
-
-  def body(c):
-    obs, env_state, actor_state, returns, running, key, t = c
-    is_first = jnp.full(obs.shape[:1], t == 0)  # envs that ended no longer count
-    action, _, actor_state = policy.select_action(params, obs, is_first, actor_state)
-    key, k = jax.random.split(key)
-    out = env.step(k, env_state, action)
-    returns = returns + out.reward * running
-    running = jnp.logical_and(running, ~jnp.logical_or(out.terminated, out.truncated))
-    return out.observation, out.state, actor_state, returns, running, key, t + 1
-
-  init = (obs, env_state, policy.init(policy_key, episodes), jnp.zeros(episodes, jnp.float32),
-          jnp.ones(episodes, bool), step_key, jnp.zeros((), jnp.int32))
-  return jax.lax.while_loop(cond, body, init)[3]
 
 
 def _prepare_run_dir(exp: ExperimentConfig, agent_cfg) -> str:
