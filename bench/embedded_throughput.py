@@ -8,7 +8,7 @@
     `--env_groups` groups taking turns against one group;
 (b) learner updates/s fed from Reverb (sampling, cross-item shuffle, device
     prefetch) vs the bare jitted update loop on a fixed device batch, and the learner
-    shell on that fixed batch (its own cost, without the feed).
+    shell on that fixed batch (its own cost, without the feed), all three in alternating slices.
 
   .venv/bin/python bench/embedded_throughput.py [--seconds 5] [--num_envs 8] ...
 
@@ -170,8 +170,9 @@ def bench_learner(args, cfg, updates_per_call: int):
   learner = Learner(fns, jax.random.PRNGKey(0), batches, mesh=mesh)
   learner.step()
   learner.step()
-  calls_before, before = learner.version, prefetch_timer.totals()  # the thread owns its timer: difference it
-  fed = _rate(learner.step, args.seconds, updates_per_call)
+  # The prefetch thread's phases, from the fed loop running alone (the thread owns its timer: difference it).
+  calls_before, before = learner.version, prefetch_timer.totals()
+  _rate(learner.step, args.seconds / 2, updates_per_call)
   after = prefetch_timer.totals()
   phases = {k: 1e3 * (v - before.get(k, 0.0)) / (learner.version - calls_before)
             for k, v in sorted(after.items(), key=lambda kv: -kv[1])}
@@ -188,7 +189,11 @@ def bench_learner(args, cfg, updates_per_call: int):
   # The learner shell (metrics fetch, bookkeeping) on that same batch, without any sampling:
   # what separates `fed` from `bare` that is not the feed.
   shell = Learner(fns, jax.random.PRNGKey(0), itertools.repeat(prepared), mesh=mesh)
-  bare, shell_rate = _interleaved_rates([bare_step, shell.step], 2 * args.seconds, updates_per_call)
+  # All three in alternating slices, as the actor's figures: the box's speed drifts over seconds
+  # (the bare loop alone ran 2.4k-3.0k updates/s from one run to the next). A fed slice starts on
+  # the prefetch queue the thread refilled meanwhile (`--prefetch` calls, ~0.5% of a slice).
+  bare, shell_rate, fed = _interleaved_rates([bare_step, shell.step, learner.step], 3 * args.seconds,
+                                             updates_per_call)
   batches.close()
   server.stop()
   return bare, shell_rate, fed, num_items, phases
