@@ -49,14 +49,20 @@ def _factory(env: EnvLike) -> Tuple[EnvFactory, str]:
   return load_env_factory(env), env
 
 
+def call_factory(env: EnvLike, **kwargs) -> Tuple[Any, str]:
+  """What a factory (or a factory reference) returns, and the factory's name; ConfigError("env")
+  naming it when it cannot be loaded or raises."""
+  factory, name = _factory(env)
+  try:
+    return factory(**kwargs), name
+  except Exception as e:  # noqa: BLE001 - the factory is user code: name it, in one line
+    raise ConfigError("env", f"the env factory '{name}' raised {type(e).__name__}: {e}") from e
+
+
 def call_env_factory(env: EnvLike, **kwargs) -> gym.Env:
   """One env from a factory (or a factory reference); ConfigError("env") naming the factory
   when it raises or returns something that is not a `gymnasium.Env`."""
-  factory, name = _factory(env)
-  try:
-    made = factory(**kwargs)
-  except Exception as e:  # noqa: BLE001 - the factory is user code: name it, in one line
-    raise ConfigError("env", f"the env factory '{name}' raised {type(e).__name__}: {e}") from e
+  made, name = call_factory(env, **kwargs)
   if not isinstance(made, gym.Env):
     raise ConfigError("env", f"the env factory '{name}' returned {type(made).__name__}, not a gymnasium.Env")
   return made

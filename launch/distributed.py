@@ -33,7 +33,7 @@ from jrl.experiment import report
 from jrl.experiment.builder import build_agent_parts
 from jrl.experiment.checkpoint import Checkpointer, checkpoint_to_resume
 from jrl.experiment.config import ExperimentConfig
-from jrl.experiment.files import CONFIG_FILE, SUMMARY_FILE, check_run_dir_target, config_payload, write_json
+from jrl.experiment.files import SUMMARY_FILE, prepare_run_dir, write_json
 from jrl.experiment.logging import cut_rows
 from jrl.experiment.runner import REVERB_REPLAY_DIR
 from launch import cluster, loopback, nodes, supervisor
@@ -120,10 +120,8 @@ def prepare_session(exp: ExperimentConfig, agent_cfg) -> Tuple[nodes.Session, Op
   """The run directory of a new run (created, config.json written), or the checkpoint a
   resumed one continues from (its metrics cut back to it); ConfigError for bad input."""
   if not exp.resume:
-    run_dir = os.path.abspath(exp.run_dir or exp.default_run_dir())
-    check_run_dir_target(run_dir)
+    run_dir = os.path.abspath(prepare_run_dir(exp, agent_cfg))
     os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
-    write_json(os.path.join(run_dir, CONFIG_FILE), config_payload(exp, agent_cfg))
     return nodes.Session(run_dir), None
   run_dir = os.path.abspath(exp.resume)
   info = checkpoint_to_resume(run_dir, exp.steps)

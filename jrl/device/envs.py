@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jrl.envs import is_factory_ref, load_env_factory
+from jrl.envs import call_factory, is_factory_ref
 from jrl.errors import ConfigError
 from jrl.specs import EnvSpec
 
@@ -58,12 +58,7 @@ def make_gymnax_env(env_id: str) -> Tuple[Any, Any]:
   name = gymnax_name(env_id)
   if not is_factory_ref(name):
     return _gymnax().make(name)
-  try:
-    made = load_env_factory(name)()
-  except ConfigError:
-    raise
-  except Exception as e:  # noqa: BLE001 - the factory is user code: name it, in one line
-    raise ConfigError("env", f"the env factory '{name}' raised {type(e).__name__}: {e}") from e
+  made, _ = call_factory(name)
   env, params = made if isinstance(made, tuple) and len(made) == 2 else (made, getattr(made, "default_params", None))
   base = _gymnax().environments.environment.Environment
   if not isinstance(env, base) or params is None:

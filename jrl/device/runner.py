@@ -24,8 +24,8 @@ from jrl.experiment import plots
 from jrl.experiment.bookkeeping import EvalHistory
 from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule, checkpoint_to_resume
 from jrl.experiment.config import ExperimentConfig
-from jrl.experiment.files import CONFIG_FILE, SUMMARY_FILE, check_run_dir_target, config_payload, write_json
-from jrl.experiment.logging import MetricsLogger, Progress, TensorBoard
+from jrl.experiment.files import SUMMARY_FILE, prepare_run_dir, write_json
+from jrl.experiment.logging import Progress, metric_log_positions, open_metric_logs
 from jrl.learners import sharding
 from jrl.learners.learner import params_digest
 from jrl.policies import save_policy
@@ -68,17 +68,6 @@ class CompileClock:
         total += end - start
         reach = end
     return total
-
-
-def _prepare_run_dir(exp: ExperimentConfig, agent_cfg) -> str:
-  """A new run's directory, with its config.json; a resumed run's as it is."""
-  if exp.resume:
-    return exp.resume
-  run_dir = exp.run_dir or exp.default_run_dir()
-  check_run_dir_target(run_dir)
-  os.makedirs(run_dir, exist_ok=True)
-  write_json(os.path.join(run_dir, CONFIG_FILE), config_payload(exp, agent_cfg))
-  return run_dir
 
 
 @dataclasses.dataclass
@@ -150,7 +139,7 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
   threshold = exp.reward_threshold if exp.reward_threshold is not None else reward_threshold(exp.env)
   resume_info = checkpoint_to_resume(exp.resume, exp.steps) if exp.resume else None
   saved = Checkpointer.read_run_state(resume_info) if resume_info else None
-  run_dir = _prepare_run_dir(exp, agent_cfg)
+  run_dir = prepare_run_dir(exp, agent_cfg)
   checkpointer = Checkpointer(run_dir, exp.keep_checkpoints)
   checkpointer.clean_partial()
 
@@ -185,8 +174,7 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
     host.sessions += 1
     positions = saved["positions"]
   # A resumed run drops what was logged after its checkpoint.
-  tb = TensorBoard(run_dir, resume_from=positions.get("tensorboard", {}) if exp.resume else None)
-  loggers = {role: MetricsLogger(run_dir, role, tb, resume_from=positions.get(role)) for role in ROLES}
+  tb, loggers = open_metric_logs(run_dir, ROLES, positions if exp.resume else None)
   progress = Progress(f"{exp.agent} {exp.env} s{exp.seed}", exp.progress_seconds)
   schedule = CheckpointSchedule(exp.checkpoint_every_steps, exp.checkpoint_every_seconds, host.env_steps)
   evaluator_seed = exp.seed + 10_000
@@ -220,7 +208,7 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
     state = host.state()
     state["wall_before"] = elapsed()
     run_state = {"carry": carry_to_host(carry), "host": state,
-                 "positions": {"tensorboard": tb.position(), **{role: log.position() for role, log in loggers.items()}}}
+                 "positions": metric_log_positions(tb, loggers)}
     counters = {"actor_steps": host.env_steps, "learner_steps": host.learner_steps,
                 "episodes": host.episodes_total, "evaluations": host.history.count}
     checkpointer.save(None, run_state, counters)

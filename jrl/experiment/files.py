@@ -74,6 +74,18 @@ def config_payload(exp, agent_cfg) -> Dict[str, Any]:
   return {"experiment": dataclasses.asdict(exp), "agent": dataclasses.asdict(agent_cfg)}
 
 
+def prepare_run_dir(exp, agent_cfg) -> str:
+  """The run directory: a new run's created and given config.json (ConfigError if it cannot
+  take a run); a resumed run's (`exp.resume`) as it is."""
+  if exp.resume:
+    return exp.resume
+  run_dir = exp.run_dir or exp.default_run_dir()
+  check_run_dir_target(run_dir)
+  os.makedirs(run_dir, exist_ok=True)
+  write_json(os.path.join(run_dir, CONFIG_FILE), config_payload(exp, agent_cfg))
+  return run_dir
+
+
 def check_run_dir_target(run_dir: str) -> None:
   """A new run may go into a missing or empty folder, never over a file or another run."""
   if os.path.exists(run_dir) and not os.path.isdir(run_dir):

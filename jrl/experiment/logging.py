@@ -11,7 +11,7 @@ import os
 import sys
 import time
 import types
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 # TensorBoard's event writer reaches the file system through `tf.io.gfile`, importing
 # TensorFlow for it where it is installed (1.5 s, in runs that otherwise never load it);
@@ -115,6 +115,19 @@ class MetricsLogger:
 
   def close(self) -> None:
     self._file.close()
+
+
+def open_metric_logs(run_dir: str, roles, positions: Optional[Dict] = None) -> Tuple[TensorBoard, Dict[str, MetricsLogger]]:
+  """TensorBoard and one `MetricsLogger` per role; `positions` (a resumed run's, from
+  `metric_log_positions` in its checkpoint; {} when it had none) drops what was logged after them."""
+  tb = TensorBoard(run_dir, resume_from=None if positions is None else positions.get("tensorboard", {}))
+  positions = positions or {}
+  return tb, {role: MetricsLogger(run_dir, role, tb, resume_from=positions.get(role)) for role in roles}
+
+
+def metric_log_positions(tb: TensorBoard, loggers: Dict[str, MetricsLogger]) -> Dict:
+  """Where each log ends now, for a checkpoint (`open_metric_logs` continues from there)."""
+  return {"tensorboard": tb.position(), **{role: log.position() for role, log in loggers.items()}}
 
 
 class Progress:

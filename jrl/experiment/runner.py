@@ -25,14 +25,13 @@ import numpy as np
 from jrl import compat, jit_cache, seeding
 from jrl.actors.evaluator import Evaluator
 from jrl.actors.variables import VariableClient
-from jrl.experiment import plots, report
+from jrl.experiment import files, plots, report
 from jrl.experiment.bookkeeping import EvalHistory
 from jrl.experiment.builder import build_acting_parts, example_item, make_actor, success_threshold
 from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule, checkpoint_to_resume
 from jrl.experiment.config import ExperimentConfig
-from jrl.experiment.files import (CHECKPOINTS_DIR, CONFIG_FILE, SUMMARY_FILE, check_run_dir_target, config_payload,
-                                  write_json)
-from jrl.experiment.logging import MetricsLogger, Progress, TensorBoard
+from jrl.experiment.files import CHECKPOINTS_DIR, SUMMARY_FILE, write_json
+from jrl.experiment.logging import Progress, metric_log_positions, open_metric_logs
 from jrl.learners import distributed, sharding
 from jrl.learners.learner import Learner, params_digest
 from jrl.policies import save_policy
@@ -219,18 +218,11 @@ class LoopState:
 
 
 def prepare_run_dir(exp: ExperimentConfig, agent_cfg) -> str:
-  """The run directory: created and given config.json for a new run; checked for a resumed one.
-  A Reverb run where Reverb is not installed (a core install) is refused before anything is written."""
-  run_dir = exp.resume or exp.run_dir or exp.default_run_dir()
-  if not exp.resume:
-    check_run_dir_target(run_dir)
+  """`files.prepare_run_dir`, after refusing a Reverb run where Reverb is not installed (a core
+  install), so that nothing is written for it."""
   if not exp.deterministic:
     compat.check_distributed_stack("deterministic", "a run without --deterministic (Reverb replay)")
-  if exp.resume:
-    return run_dir
-  os.makedirs(run_dir, exist_ok=True)
-  write_json(os.path.join(run_dir, CONFIG_FILE), config_payload(exp, agent_cfg))
-  return run_dir
+  return files.prepare_run_dir(exp, agent_cfg)
 
 
 def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
@@ -298,8 +290,7 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
       loop.lost_sequences += max(0, expected - replay.table_size())
 
   # A resumed run drops what was logged after its checkpoint (everything, without one).
-  tb = TensorBoard(run_dir, resume_from=positions.get("tensorboard", {}) if exp.resume else None)
-  loggers = {role: MetricsLogger(run_dir, role, tb, resume_from=positions.get(role)) for role in ROLES}
+  tb, loggers = open_metric_logs(run_dir, ROLES, positions if exp.resume else None)
   progress = Progress(f"{exp.agent} {exp.env} s{exp.seed}", exp.progress_seconds)
   samples_per_call = exp.updates_per_call * local_batch_size
   schedule = CheckpointSchedule(exp.checkpoint_every_steps, exp.checkpoint_every_seconds, actor.env_steps)
@@ -361,7 +352,7 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
     run_state = {
         "actor": actor.state(), "block_writer": block_writer.state(), "evaluator": evaluator.state(),
         "learner_steps": learner.steps, "learner_version": learner.version, "loop": loop_state,
-        "positions": {"tensorboard": tb.position(), **{role: log.position() for role, log in loggers.items()}},
+        "positions": metric_log_positions(tb, loggers),
     }
     counters = {"actor_steps": actor.env_steps, "learner_steps": learner.steps, "episodes": loop.episodes_total,
                 "evaluations": loop.history.count}
