@@ -10,7 +10,7 @@ import json
 import os
 import re
 import tempfile
-from typing import Any, Dict
+from typing import Any, Callable, Dict
 
 from jrl.errors import ConfigError
 
@@ -74,13 +74,16 @@ def config_payload(exp, agent_cfg) -> Dict[str, Any]:
   return {"experiment": dataclasses.asdict(exp), "agent": dataclasses.asdict(agent_cfg)}
 
 
-def prepare_run_dir(exp, agent_cfg) -> str:
+def prepare_run_dir(exp, agent_cfg, before_writing: Callable[[], None] = lambda: None) -> str:
   """The run directory: a new run's created and given config.json (ConfigError if it cannot
-  take a run); a resumed run's (`exp.resume`) as it is."""
+  take a run); a resumed run's (`exp.resume`) as it is. `before_writing` runs after the folder
+  is checked and before anything is written (further checks that must leave nothing behind)."""
   if exp.resume:
+    before_writing()
     return exp.resume
   run_dir = exp.run_dir or exp.default_run_dir()
   check_run_dir_target(run_dir)
+  before_writing()
   os.makedirs(run_dir, exist_ok=True)
   write_json(os.path.join(run_dir, CONFIG_FILE), config_payload(exp, agent_cfg))
   return run_dir

@@ -218,11 +218,12 @@ class LoopState:
 
 
 def prepare_run_dir(exp: ExperimentConfig, agent_cfg) -> str:
-  """`files.prepare_run_dir`, after refusing a Reverb run where Reverb is not installed (a core
-  install), so that nothing is written for it."""
-  if not exp.deterministic:
-    compat.check_distributed_stack("deterministic", "a run without --deterministic (Reverb replay)")
-  return files.prepare_run_dir(exp, agent_cfg)
+  """`files.prepare_run_dir`; a Reverb run where Reverb is not installed (a core install) is
+  refused once the folder is checked, before anything is written."""
+  def check_stack():
+    if not exp.deterministic:
+      compat.check_distributed_stack("deterministic", "a run without --deterministic (Reverb replay)")
+  return files.prepare_run_dir(exp, agent_cfg, before_writing=check_stack)
 
 
 def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
