@@ -76,7 +76,10 @@ def _job_state(job_id: str) -> str:
 
 def run_slurm(run_dir: str, hosts: Tuple[Host, ...], job_name: str) -> int:
   script = sbatch_script(run_dir, hosts, job_name)
-  out = subprocess.run(["sbatch", "--parsable", script], capture_output=True, text=True)
+  try:
+    out = subprocess.run(["sbatch", "--parsable", script], capture_output=True, text=True)
+  except FileNotFoundError:
+    raise RuntimeError("sbatch not found: --launcher slurm needs Slurm's client commands on PATH") from None
   if out.returncode != 0:
     raise RuntimeError(f"sbatch refused {script}: {out.stderr.strip()}")
   job_id = out.stdout.strip().split(";")[0]

@@ -69,6 +69,7 @@ def parse_args(argv: Sequence[str]):
         raise ConfigError(name, "is set by the sweep for each seed (use --seeds and the sweep's --run_dir)")
     if not args.run_dir:
       args.run_dir = "runs/" + files.path_safe(time.strftime(f"sweep-{args.agent}-{args.env}-%Y%m%d-%H%M%S"))
+    args.run_dir = os.path.abspath(args.run_dir)  # resolved once: each seed's process gets the same folder
     if os.path.exists(args.run_dir) and not os.path.isdir(args.run_dir):
       raise ConfigError("run_dir", f"'{args.run_dir}' is an existing file, not a folder")
     if os.path.isfile(os.path.join(args.run_dir, "config.json")):
@@ -112,13 +113,18 @@ def finished_earlier(sweep_dir: str, exp, agent_cfg, seeds: Sequence[int]) -> Li
   reused, so a sweep can be extended (0-2, then 0-4). Any other run already there is a ConfigError
   naming it (launch.train would refuse it)."""
   from jrl.errors import ConfigError
-  from jrl.experiment.files import config_payload
+  from jrl.experiment.files import check_run_dir_target, config_payload
   from jrl.experiment.sweep_report import run_dir_name
   reused = []
   for seed in seeds:
     run_dir = os.path.join(sweep_dir, run_dir_name(exp.agent, exp.env, seed))
     if not os.path.isfile(os.path.join(run_dir, "config.json")):
       continue
+    try:
+      if check_run_dir_target(run_dir):  # stopped before its first checkpoint: launch.train starts it over
+        continue
+    except ConfigError:
+      pass
     try:
       with open(os.path.join(run_dir, "config.json")) as f:
         saved = _comparable(json.load(f))

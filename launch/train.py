@@ -30,11 +30,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   from jrl.errors import ConfigError
   from jrl.experiment.config import ExperimentConfig
   from jrl.experiment import resume
+  from jrl.experiment.checkpoint import RunWritesFailed
+  from jrl.experiment.files import resolve_paths
 
   pre = argparse.ArgumentParser(add_help=False)
   pre.add_argument("--agent", default=None)
   pre.add_argument("--resume", default=None)
   known, _ = pre.parse_known_args(argv)
+  if known.resume:
+    known.resume = os.path.abspath(known.resume)
   try:
     agent_name = known.agent or ExperimentConfig.agent
     if known.resume:
@@ -57,6 +61,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       exp = build_config(ExperimentConfig, args)
       agent_cfg = build_config(agent.Config, args)
     exp.check_given_flags(given_fields(ExperimentConfig, args))
+    exp = resolve_paths(exp)  # relative folders against the working directory, once
     if exp.backend == "device":
       from jrl.device.runner import run_device  # gymnax envs; checks the env id itself
       run_device(exp, agent_cfg)
@@ -78,11 +83,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             f"inference batch mean {summary['inference_batch_mean']}, policy lag mean "
             f"{summary['policy_lag_mean']:.2f} | {summary['run_dir']}", flush=True)
     else:
+      if not args.verbose:
+        from launch.quiet import hide_native_chatter
+        hide_native_chatter()  # Reverb's C++ info lines
       from jrl.experiment.runner import run
       run(exp, agent_cfg)  # unexpected errors keep their traceback
       _finished_embedded_run = True
   except ConfigError as e:
     fail(PROG, e)
+  except RunWritesFailed as e:  # the run's summary and report are written; some checkpoint is not
+    _finished_embedded_run = not exp.distributed
+    print(f"{PROG}: error: {e}", file=sys.stderr)
+    return 1
   except KeyboardInterrupt:
     print(f"{PROG}: interrupted", file=sys.stderr)
     return 130
@@ -97,6 +109,8 @@ def make_parser(agent_name: str, agent, prog: str = PROG) -> OneLineParser:
   parser = OneLineParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   add_dataclass_flags(parser, ExperimentConfig, "experiment")
   add_dataclass_flags(parser, agent.Config, f"agent '{agent_name}' (known agents: {', '.join(sorted(AGENTS))})")
+  parser.add_argument("--verbose", action="store_true",
+                      help="also show native libraries' info lines (Reverb's '[reverb/cc/...]')")
   return parser
 
 

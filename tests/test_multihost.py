@@ -19,7 +19,7 @@ import time
 import psutil
 import pytest
 
-pytestmark = pytest.mark.distributed
+pytestmark = pytest.mark.needs_reverb
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLUSTER = os.path.join(ROOT, "scripts", "slurm_test_cluster.sh")
@@ -68,8 +68,8 @@ def _digests(log_path):
   return found
 
 
-def _train(args, env, timeout=900):
-  return subprocess.run([sys.executable, "-m", "launch.train", "--distributed", *args], cwd=ROOT, env=env, text=True,
+def _train(args, env, timeout=900, cwd=ROOT):
+  return subprocess.run([sys.executable, "-m", "launch.train", "--distributed", *args], cwd=cwd, env=env, text=True,
                         capture_output=True, timeout=timeout)
 
 
@@ -160,3 +160,23 @@ def test_learner_processes_on_two_hosts_equal_one_process(slurm, tmp_path):
   assert facts["processes"] == 2 and facts["devices"] == 2
   for ours, theirs in zip(leaves, reference):
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+@needs_cluster
+def test_a_launch_whose_sbatch_failed_does_not_block_the_same_command(slurm, tmp_path):
+  """sbatch refuses the first launch (a Slurm configuration it cannot read); the run folder it
+  left holds no checkpoint, so the same command, once Slurm works, starts it over and runs."""
+  command = ["--launcher", "slurm", "--hosts", HOSTS, "--placement", PLACEMENT, "--num_actors", "2",
+             "--steps", "3000", "--num_envs", "4", "--min_replay_size", "500", "--hidden_sizes", "32,32",
+             "--eval_every", "3000", "--eval_episodes", "2", "--run_dir", "rel/slurm"]
+  broken = tmp_path / "broken-slurm.conf"
+  broken.write_text("")
+  out = _train(command, dict(slurm, SLURM_CONF=str(broken)), cwd=tmp_path)
+  run_dir = str(tmp_path / "rel" / "slurm")
+  assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+  assert "error: sbatch refused" in out.stderr and os.path.isfile(os.path.join(run_dir, "config.json"))
+  out = _train(command, slurm, cwd=tmp_path)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  assert f"[run] {run_dir} holds a run that stopped before its first checkpoint: starting it over" in out.stdout
+  assert json.load(open(os.path.join(run_dir, "summary.json")))["actor_steps"] >= 3000
+  assert _run_processes(run_dir) == []

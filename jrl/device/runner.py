@@ -22,7 +22,7 @@ from jrl.device.loop import Carry, DeviceLoop, build_device_parts, evaluation_ke
 from jrl.errors import ConfigError
 from jrl.experiment import plots
 from jrl.experiment.bookkeeping import EvalHistory
-from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule, checkpoint_to_resume
+from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule, FailedWrites, checkpoint_to_resume
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import SUMMARY_FILE, prepare_run_dir, write_json
 from jrl.experiment.logging import Progress, metric_log_positions, open_metric_logs
@@ -142,6 +142,7 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
   run_dir = prepare_run_dir(exp, agent_cfg)
   checkpointer = Checkpointer(run_dir, exp.keep_checkpoints)
   checkpointer.clean_partial()
+  failed_writes = FailedWrites()
 
   loop = DeviceLoop(exp, agent_cfg, env, parts, mesh, plan)
   carry_shape = jax.eval_shape(loop.init, exp.seed)
@@ -201,10 +202,16 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
     host.last_eval = {"eval_return": row["eval_return"], "eval_index": eval_index, "eval_seed": evaluator_seed,
                       "eval_episodes": exp.eval_episodes}
     if row["is_best"]:
-      save_policy(run_dir, "best", params, snapshot_info(**host.last_eval))
+      with failed_writes.attempt("policy snapshot 'best'"):
+        save_policy(run_dir, "best", params, snapshot_info(**host.last_eval))
     host.eval_seconds += time.monotonic() - t0
 
   def save_checkpoint():
+    with failed_writes.attempt("checkpoint"):
+      _save_checkpoint()
+
+  def _save_checkpoint():
+    schedule.done(host.env_steps)  # a failed checkpoint is not retried at once
     state = host.state()
     state["wall_before"] = elapsed()
     run_state = {"carry": carry_to_host(carry), "host": state,
@@ -213,7 +220,6 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
                 "episodes": host.episodes_total, "evaluations": host.history.count}
     checkpointer.save(None, run_state, counters)
     save_policy(run_dir, "latest", jax.device_get(get_params(carry)), snapshot_info())
-    schedule.done(host.env_steps)
 
   def chunk_schedule() -> np.ndarray:
     """Learner calls due at each iteration of the next chunk (off-policy; exact integers)."""
@@ -260,7 +266,8 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
       evaluate()
     save_checkpoint()
     final_params = jax.device_get(get_params(carry))
-    save_policy(run_dir, "final", final_params, snapshot_info(**host.last_eval))
+    with failed_writes.attempt("policy snapshot 'final'"):
+      save_policy(run_dir, "final", final_params, snapshot_info(**host.last_eval))
   finally:
     for logger in loggers.values():
       logger.close()
@@ -282,6 +289,7 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
       "loop_compiles": clock.backend_compiles - compiles_before_loop,
       "compilation_cache": cache_dir,
       "params_digest": params_digest(final_params),
+      "failed_writes": failed_writes.lines,
   }
   write_json(os.path.join(run_dir, SUMMARY_FILE), summary)
   plots.plot_learning_curve(run_dir, f"{exp.agent} on {exp.env}, seed {exp.seed} (device)", threshold)
@@ -289,6 +297,7 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
                        f"{summary['env_steps_per_second']:.0f} env-steps/s) | eval {summary['eval_return']:.1f} "
                        f"(best {summary['best_eval_return']:.1f}) | steps to threshold "
                        f"{summary['steps_to_threshold']} | {run_dir}", force=True)
+  failed_writes.check(run_dir)
   summary["run_dir"] = run_dir
   return summary
 

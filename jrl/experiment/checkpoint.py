@@ -14,13 +14,15 @@ Old checkpoints are first renamed away, then deleted, for the same reason.
 Restoring verifies the manifest, so a damaged checkpoint is named, not loaded.
 """
 
+import contextlib
 import hashlib
 import os
 import pickle
 import re
 import shutil
+import sys
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional
 
 from jrl.errors import ConfigError
 from jrl.experiment.files import CHECKPOINTS_DIR, fsync_dir, read_json, write_json
@@ -74,11 +76,59 @@ def _host_copy(tree: Any) -> Any:
   return jax.tree_util.tree_map(lambda x: np.asarray(jax.device_get(first_replica(x))), tree)
 
 
+class WriteFailed(Exception):
+  """A checkpoint or policy snapshot that could not be written; `what` names it."""
+
+  def __init__(self, what: str, cause: BaseException):
+    super().__init__(f"{what}: {one_line(cause)}")
+    self.what = what
+
+
+def one_line(error: BaseException) -> str:
+  """An exception as one line: its class and the first line of its message."""
+  text = str(error).strip().splitlines()
+  return f"{error.__class__.__name__}: {text[0]}" if text else error.__class__.__name__
+
+
+class FailedWrites:
+  """The checkpoints and policy snapshots a run could not write (a full disk, a folder it may
+  not write). Each failure is printed in one line and recorded, and the run goes on: a finished
+  run still writes its summary, plot and report, then ends non-zero (`RunWritesFailed`)."""
+
+  def __init__(self):
+    self.lines: List[str] = []
+
+  @contextlib.contextmanager
+  def attempt(self, what: str) -> Iterator[None]:
+    try:
+      yield
+    except Exception as e:  # noqa: BLE001 - any failure to write is reported, never fatal to the run
+      line = f"{e.what if isinstance(e, WriteFailed) else what} was not written ({one_line(e.__cause__ or e)})"
+      self.lines.append(line)
+      print(f"[checkpoint] {line}", file=sys.stderr, flush=True)
+
+  def check(self, run_dir: str) -> None:
+    """RunWritesFailed when any write failed (call once the run's summary is written)."""
+    if self.lines:
+      raise RunWritesFailed(run_dir, self.lines)
+
+
+class RunWritesFailed(RuntimeError):
+  """A run that trained to its end, wrote its summary and report, but lost some checkpoints or
+  policy snapshots; the message names the first."""
+
+  def __init__(self, run_dir: str, lines: List[str]):
+    more = f" (and {len(lines) - 1} more failed writes)" if len(lines) > 1 else ""
+    super().__init__(f"the run finished and wrote its summary in {run_dir}, but {lines[0]}{more}")
+    self.run_dir, self.lines = run_dir, list(lines)
+
+
 class Checkpointer:
   """Writes, lists, verifies and restores the checkpoints of one run directory."""
 
   def __init__(self, run_dir: str, keep: int = 3):
-    self.root = os.path.join(run_dir, CHECKPOINTS_DIR)
+    # Absolute: orbax refuses relative paths.
+    self.root = os.path.join(os.path.abspath(run_dir), CHECKPOINTS_DIR)
     self._keep = keep
 
   def _indices(self) -> List[int]:
@@ -96,19 +146,37 @@ class Checkpointer:
     `write_replay(folder)` stores the replay contents in `folder`; `counters`
     (env steps, learner steps, ...) go into the manifest for people and checks.
     """
-    os.makedirs(self.root, exist_ok=True)
-    indices = self._indices()
-    index = indices[-1] + 1 if indices else 1
+    index = self.next_index()
+    final = self._path(index)
     staging = os.path.join(self.root, f".staging-{index:06d}")
+    try:
+      self._write(staging, index, learner_state, run_state, counters, write_replay)
+      os.rename(staging, final)
+      fsync_dir(self.root)
+    except Exception as e:
+      shutil.rmtree(staging, ignore_errors=True)
+      raise WriteFailed(f"checkpoint {final}", e) from e
+    self._prune()
+    return final
+
+  def next_index(self) -> int:
+    indices = self._indices()
+    return indices[-1] + 1 if indices else 1
+
+  def _write(self, staging: str, index: int, learner_state: Any, run_state: Dict[str, Any],
+             counters: Dict[str, Any], write_replay: Optional[Callable[[str], None]]) -> None:
+    os.makedirs(self.root, exist_ok=True)
     if os.path.exists(staging):
       shutil.rmtree(staging)
     os.makedirs(staging)
     start = time.monotonic()
     if learner_state is not None:
       checkpointer = _local_checkpointer()
-      checkpointer.save(os.path.join(staging, LEARNER), _host_copy(learner_state))
-      checkpointer.wait_until_finished()
-      checkpointer.close()
+      try:
+        checkpointer.save(os.path.join(staging, LEARNER), _host_copy(learner_state))
+        checkpointer.wait_until_finished()
+      finally:
+        checkpointer.close()
     with open(os.path.join(staging, RUN_STATE), "wb") as f:
       pickle.dump(run_state, f, protocol=pickle.HIGHEST_PROTOCOL)
     if write_replay is not None:
@@ -123,11 +191,6 @@ class Checkpointer:
     write_json(os.path.join(staging, MANIFEST), {
         "format": FORMAT, "index": index, "counters": dict(counters), "created": time.time(),
         "write_seconds": round(time.monotonic() - start, 4), "files": files})
-    final = self._path(index)
-    os.rename(staging, final)
-    fsync_dir(self.root)
-    self._prune()
-    return final
 
   def _prune(self) -> None:
     for index in self._indices()[:-self._keep]:

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import tempfile
 from typing import Any, Callable, Dict
 
@@ -74,25 +75,50 @@ def config_payload(exp, agent_cfg) -> Dict[str, Any]:
   return {"experiment": dataclasses.asdict(exp), "agent": dataclasses.asdict(agent_cfg)}
 
 
+def resolve_paths(exp):
+  """`exp` with its run directory and resume folder as absolute paths, resolved once against
+  the working directory (the default `runs/...` folder included): what the run records in
+  config.json, prints and hands to orbax, Reverb and child processes is then the same path
+  wherever they resolve it."""
+  run_dir = exp.resume or exp.run_dir or exp.default_run_dir()
+  return dataclasses.replace(exp, run_dir=os.path.abspath(run_dir),
+                             resume=os.path.abspath(exp.resume) if exp.resume else "")
+
+
 def prepare_run_dir(exp, agent_cfg, before_writing: Callable[[], None] = lambda: None) -> str:
   """The run directory: a new run's created and given config.json (ConfigError if it cannot
   take a run); a resumed run's (`exp.resume`) as it is. `before_writing` runs after the folder
-  is checked and before anything is written (further checks that must leave nothing behind)."""
+  is checked and before anything is written (further checks that must leave nothing behind).
+  Returned as an absolute path."""
   if exp.resume:
     before_writing()
-    return exp.resume
-  run_dir = exp.run_dir or exp.default_run_dir()
-  check_run_dir_target(run_dir)
+    return os.path.abspath(exp.resume)
+  run_dir = os.path.abspath(exp.run_dir or exp.default_run_dir())
+  start_over = check_run_dir_target(run_dir)
   before_writing()
+  if start_over:
+    print(f"[run] {run_dir} holds a run that stopped before its first checkpoint: starting it over", flush=True)
+    shutil.rmtree(run_dir)
   os.makedirs(run_dir, exist_ok=True)
   write_json(os.path.join(run_dir, CONFIG_FILE), config_payload(exp, agent_cfg))
   return run_dir
 
 
-def check_run_dir_target(run_dir: str) -> None:
-  """A new run may go into a missing or empty folder, never over a file or another run."""
+def has_checkpoint(run_dir: str) -> bool:
+  """Whether the run directory holds a committed checkpoint (`checkpoints/ckpt-*`)."""
+  folder = os.path.join(run_dir, CHECKPOINTS_DIR)
+  return os.path.isdir(folder) and any(name.startswith("ckpt-") for name in os.listdir(folder))
+
+
+def check_run_dir_target(run_dir: str) -> bool:
+  """A new run may go into a missing or empty folder, never over a file or another run. A run
+  that left nothing to continue (no checkpoint, no summary: killed or failed to launch before
+  its first checkpoint) is no obstacle: returns True, the folder is to be started over."""
   if os.path.exists(run_dir) and not os.path.isdir(run_dir):
     raise ConfigError("run_dir", f"'{run_dir}' is an existing file, not a folder")
-  if os.path.isfile(os.path.join(run_dir, CONFIG_FILE)):
-    raise ConfigError("run_dir", f"'{run_dir}' already holds a run; continue it with --resume {run_dir} "
-                                 "or pick another folder")
+  if not os.path.isfile(os.path.join(run_dir, CONFIG_FILE)):
+    return False
+  if not has_checkpoint(run_dir) and not os.path.isfile(os.path.join(run_dir, SUMMARY_FILE)):
+    return True
+  raise ConfigError("run_dir", f"'{run_dir}' already holds a run; continue it with --resume {run_dir} "
+                               "or pick another folder")

@@ -28,7 +28,7 @@ from jrl.actors.variables import VariableClient
 from jrl.experiment import files, plots, report
 from jrl.experiment.bookkeeping import EvalHistory
 from jrl.experiment.builder import build_acting_parts, example_item, make_actor, success_threshold
-from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule, checkpoint_to_resume
+from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule, FailedWrites, checkpoint_to_resume
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import CHECKPOINTS_DIR, SUMMARY_FILE, write_json
 from jrl.experiment.logging import Progress, metric_log_positions, open_metric_logs
@@ -244,6 +244,7 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   run_dir = prepare_run_dir(exp, agent_cfg)
   checkpointer = Checkpointer(run_dir, exp.keep_checkpoints)
   checkpointer.clean_partial()
+  failed_writes = FailedWrites()
   # This process is actor `process_id` of the run (several processes share one learner).
   learner_key = seeding.node_key(exp.seed, "learner")
   actor_key = seeding.node_key(exp.seed, "actor", exp.process_id)
@@ -339,11 +340,11 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
     loop.last_eval = {"eval_return": row["eval_return"], "eval_index": eval_index, "eval_seed": evaluator_seed,
                       "eval_episodes": exp.eval_episodes}
     if row["is_best"]:
-      with timer.phase(report.CHECKPOINT):
+      with timer.phase(report.CHECKPOINT), failed_writes.attempt("policy snapshot 'best'"):
         save_policy(run_dir, "best", params, snapshot_info(**loop.last_eval))
 
   def save_checkpoint():
-    with timer.phase(report.CHECKPOINT):
+    with timer.phase(report.CHECKPOINT), failed_writes.attempt("checkpoint"):
       _save_checkpoint()
 
   def _save_checkpoint():
@@ -357,9 +358,9 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
     }
     counters = {"actor_steps": actor.env_steps, "learner_steps": learner.steps, "episodes": loop.episodes_total,
                 "evaluations": loop.history.count}
+    schedule.done(actor.env_steps)  # a failed checkpoint is not retried at once
     checkpointer.save(learner.state, run_state, counters, write_replay=replay.save)
     save_policy(run_dir, "latest", params, snapshot_info())
-    schedule.done(actor.env_steps)
 
   try:
     while actor.env_steps < exp.steps:
@@ -409,7 +410,7 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
       evaluate()
     save_checkpoint()
     final_params = learner.get_variables()[0]
-    with timer.phase(report.CHECKPOINT):
+    with timer.phase(report.CHECKPOINT), failed_writes.attempt("policy snapshot 'final'"):
       save_policy(run_dir, "final", final_params, snapshot_info(**loop.last_eval))
   finally:
     report.unwatch_compiles()
@@ -445,6 +446,7 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
       "first_step_unix": round(first_step_unix, 3),
       "last_step_unix": round(first_step_unix + (last_step - loop_started), 3),
       "seconds_after_last_step": round(time.perf_counter() - last_step, 3),
+      "failed_writes": failed_writes.lines,
   }
   write_json(os.path.join(run_dir, SUMMARY_FILE), summary)
   plots.plot_learning_curve(run_dir, f"{exp.agent} on {exp.env}, seed {exp.seed}", threshold)
@@ -452,5 +454,6 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   progress.maybe_print(f"done: {actor.env_steps} steps in {wall:.1f}s | eval {summary['eval_return']:.1f} "
                        f"(best {summary['best_eval_return']:.1f}) | steps to threshold "
                        f"{summary['steps_to_threshold']} | {run_dir}", force=True)
+  failed_writes.check(run_dir)
   summary["run_dir"] = run_dir
   return summary
