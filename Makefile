@@ -5,7 +5,7 @@ SEED ?= 0
 ENV ?= CartPole-v1
 AGENT ?= dqn
 
-.PHONY: setup setup-core train test test-core bench clean
+.PHONY: setup setup-core train test test-all test-core bench digests docs clean
 
 setup:
 	@bash scripts/setup_venv.sh
@@ -13,8 +13,13 @@ setup:
 train: setup
 	$(PY) -m launch.train --agent $(AGENT) --env $(ENV) --seed $(SEED) --steps $(STEPS)
 
+# The fast tier (a few minutes): everything but the tests marked slow (learning to a threshold,
+# real Launchpad programs, Slurm, whole commands). `make test-all` runs both tiers (CI does).
 test: setup
-	bash scripts/run_tests.sh
+	bash scripts/run_tests.sh -m "not slow" $(PYTEST_ARGS)
+
+test-all: setup
+	bash scripts/run_tests.sh $(PYTEST_ARGS)
 
 # The pure core on Python 3.12 (.venv-core/, requirements-core-py312.txt): no Reverb, Launchpad or
 # TensorFlow; tests marked distributed or device are deselected (tests/conftest.py).
@@ -26,6 +31,14 @@ test-core: setup-core
 
 bench: setup
 	$(PY) bench/embedded_throughput.py
+
+# The --deterministic and device parameter digests of every agent (compare before/after a redesign).
+digests: setup
+	$(PY) bench/digests.py --out digests.json
+
+# The documentation site (docs/, mkdocs.yml) into build/site, with --strict.
+docs: setup
+	bash scripts/build_docs.sh
 
 clean:
 	rm -rf .venv .venv-core runs

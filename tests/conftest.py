@@ -1,11 +1,15 @@
-"""Test selection for the two installs.
+"""Test selection: two tiers, and the two installs.
 
-Tests that need the distributed stack (reverb, launchpad, TensorFlow: the jrl[distributed]
-extra, Python 3.10) are marked `distributed`; tests of the device backend (gymnax) are marked
-`device`. `pytest --core` (`make test-core`, the Python 3.12 core venv) deselects both and runs
-the rest. A file whose every test needs the distributed stack says so with a line
-`pytestmark = pytest.mark.distributed`; `--core` does not even import it (its imports need
-that stack). A `--core` run in which no test passed fails: an empty or all-skipped run proves
+Tiers: tests that train to a threshold or start real programs (Launchpad, Slurm, whole
+`launch.*` commands) are marked `slow`. `make test` runs the rest (`-m "not slow"`, a few
+minutes); `make test-all` runs everything (CI).
+
+Installs: tests that need the distributed stack (reverb, launchpad, TensorFlow: the
+jrl[distributed] extra, Python 3.10) are marked `needs_reverb`; tests of the device backend
+(gymnax) are marked `needs_gymnax`. `pytest --core` (`make test-core`, the Python 3.12 core
+venv) deselects both and runs the rest. A file whose every test needs the distributed stack
+says so in its `pytestmark = ...` line; `--core` does not even import it (its imports need that
+stack). A `--core` run in which no test passed fails: an empty or all-skipped run proves
 nothing. Without `--core` nothing is deselected, so a missing package fails loudly.
 """
 
@@ -16,8 +20,7 @@ import pytest
 import distrax  # noqa: F401
 import rlax  # noqa: F401
 
-CORE_EXCLUDED = ("distributed", "device")
-WHOLE_FILE_MARK = "pytestmark = pytest.mark.distributed"
+CORE_EXCLUDED = ("needs_reverb", "needs_gymnax")
 
 
 def pytest_addoption(parser):
@@ -27,9 +30,10 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-  config.addinivalue_line("markers", "distributed: needs reverb, launchpad or TensorFlow (jrl[distributed], "
+  config.addinivalue_line("markers", "needs_reverb: needs reverb, launchpad or TensorFlow (jrl[distributed], "
                           "Python 3.10)")
-  config.addinivalue_line("markers", "device: needs gymnax (the device backend)")
+  config.addinivalue_line("markers", "needs_gymnax: needs gymnax (the device backend)")
+  config.addinivalue_line("markers", "slow: trains to a threshold or starts real programs (make test-all)")
   config._jrl_passed = 0
 
 
@@ -44,7 +48,7 @@ def pytest_ignore_collect(collection_path, config):
     return None
   try:
     with open(collection_path) as f:
-      if any(line.strip() == WHOLE_FILE_MARK for line in f):
+      if any(line.startswith("pytestmark =") and "needs_reverb" in line for line in f):
         return True
   except OSError:
     pass

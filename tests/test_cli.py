@@ -86,7 +86,7 @@ def test_bad_input_gives_one_line_and_status_2(tmp_path):
   _check_one_line_errors(BAD_INPUTS, tmp_path)
 
 
-@pytest.mark.distributed
+@pytest.mark.needs_reverb
 def test_bad_distributed_input_gives_one_line_and_status_2(tmp_path):
   _check_one_line_errors(BAD_DISTRIBUTED_INPUTS, tmp_path)
 

@@ -133,7 +133,7 @@ BAD_INPUTS = {
 }
 
 
-@pytest.mark.device
+@pytest.mark.needs_gymnax
 def test_bad_input_gives_one_line_and_status_2(tmp_path):
   procs = {name: subprocess.Popen([sys.executable, "-m", "launch.train", "--backend", "device", *args, "--run_dir",
                                    str(tmp_path / name)], cwd=ROOT, text=True, stdout=subprocess.PIPE,
@@ -152,7 +152,7 @@ def _read(path):
     return list(csv.DictReader(f))
 
 
-@pytest.mark.device
+@pytest.mark.needs_gymnax
 def test_an_env_of_your_own_runs_in_the_loop_and_is_learned(tmp_path):
   """`gymnax:pkg.module:function`: the example corridor (goal end drawn at each reset) is solved by
   DQN on the device backend, where always moving one way is not; its threshold is the env's own,
@@ -185,7 +185,7 @@ def test_an_env_of_your_own_runs_in_the_loop_and_is_learned(tmp_path):
   assert [int(policy(np.asarray([0.0, side], np.float32))) for side in (-1.0, 1.0)] == [0, 1]
 
 
-@pytest.mark.device
+@pytest.mark.needs_gymnax
 def test_r2d2_learns_gymnax_cartpole_in_the_loop(tmp_path):
   """R2D2 on the device backend: overlapping sequences with their start core states in a
   prioritized on-device ring, learner calls counted in sequences as the host runner counts them."""
@@ -204,7 +204,7 @@ def test_r2d2_learns_gymnax_cartpole_in_the_loop(tmp_path):
   assert summary["loop_compiles"] == 0
 
 
-@pytest.mark.device
+@pytest.mark.needs_gymnax
 def test_ppo_reaches_475_on_gymnax_cartpole_and_writes_the_run_directory(tmp_path):
   from jrl.device.runner import run_device
   import jrl
@@ -240,7 +240,7 @@ def _short_run(tmp_path, name, agent, steps, chunk_steps=None, **exp_fields):
   return run_device(exp, cfg, chunk_steps=chunk_steps)
 
 
-@pytest.mark.device
+@pytest.mark.needs_gymnax
 def test_same_seed_same_bytes_and_chunking_does_not_change_training(tmp_path):
   a = _short_run(tmp_path, "a", "dqn", 2_048)
   b = _short_run(tmp_path, "b", "dqn", 2_048)
@@ -256,7 +256,7 @@ def test_same_seed_same_bytes_and_chunking_does_not_change_training(tmp_path):
   assert untimed("a") == untimed("b")
 
 
-@pytest.mark.device
+@pytest.mark.needs_gymnax
 def test_a_run_resumed_from_its_checkpoint_ends_with_the_same_bytes(tmp_path):
   """Killed after its first checkpoint (the later checkpoint and rows removed, as a crash leaves
   them), a DQN run resumed with --resume ends as the uninterrupted run: same parameters, same
@@ -298,7 +298,7 @@ def test_a_run_resumed_from_its_checkpoint_ends_with_the_same_bytes(tmp_path):
     run_device(other, agent_cfg, chunk_steps=512)
 
 
-@pytest.mark.device
+@pytest.mark.needs_gymnax
 def test_launch_evaluate_repeats_a_device_runs_evaluation(tmp_path, capsys):
   """launch.evaluate on a device run plays the snapshot's own evaluation again, on device: the
   same mean return the run recorded; a video is refused in one line (gymnax envs do not render)."""
@@ -341,7 +341,7 @@ json.dump({"devices": jax.device_count(), **out}, open(sys.argv[1] + "/out.json"
 """
 
 
-@pytest.mark.device
+@pytest.mark.needs_gymnax
 def test_two_devices_learn_as_one(tmp_path):
   """Forced 2 CPU devices: the same eval curve (PPO) and the same parameters within float
   tolerance (DQN and R2D2, whose gradient all-reduce sums in another order), each with no compile

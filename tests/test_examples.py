@@ -119,7 +119,7 @@ def test_default_run_dirs_of_module_references_are_path_safe():
   assert ExperimentConfig(env="gymnax:CartPole-v1").default_run_dir().startswith("runs/dqn-gymnax_CartPole-v1-s0-")
 
 
-@pytest.mark.distributed
+@pytest.mark.needs_reverb
 def test_custom_agent_and_env_factory_distributed(tmp_path):
   run_dir = tmp_path / "run"
   out = _train_cli("examples.envs", ["--agent", "examples.my_agent", "--distributed", "--num_actors", "1",

@@ -20,7 +20,7 @@ from jrl.experiment.checkpoint import Checkpointer
 from launch import loopback
 from launch.supervisor import RUN_DIR_ENV, last_traceback
 
-pytestmark = pytest.mark.distributed
+pytestmark = pytest.mark.needs_reverb
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--min_replay_size", "500", "--eval_every", "1000", "--eval_episodes", "3", "--hidden_sizes", "32,32",

@@ -241,7 +241,7 @@ def test_r2d2_learns_masked_cartpole_where_it_needs_memory(tmp_path):
   assert summary["learner_steps"] > 1_000
 
 
-@pytest.mark.distributed
+@pytest.mark.needs_reverb
 def test_r2d2_runs_distributed_with_the_state_on_the_inference_server(tmp_path):
   run_dir = tmp_path / "dist"
   args = ["--agent", "r2d2", "--env", "jrl/MaskedCartPole-v1", "--distributed", "--num_actors", "2", "--inference",

@@ -104,7 +104,7 @@ def reverb_server():
   server.stop()
 
 
-@pytest.mark.distributed
+@pytest.mark.needs_reverb
 def test_reverb_round_trip_blocks_keys_and_priorities(reverb_server):
   from jrl.replay import reverb_replay
   address = f"localhost:{reverb_server.port}"
@@ -140,7 +140,7 @@ def test_reverb_round_trip_blocks_keys_and_priorities(reverb_server):
   writer.close()
 
 
-@pytest.mark.distributed
+@pytest.mark.needs_reverb
 def test_reverb_writer_keeps_nested_items_field_by_field():
   """Sequences with extras (a dict: columns in sorted-key order, as the table's signature)
   come back from Reverb exactly as written, whatever the dtypes and shapes of the fields."""

@@ -188,7 +188,7 @@ def test_a_slow_env_makes_the_report_name_the_env(tmp_path):
   assert summary["env_steps_per_second"] < 500
 
 
-@pytest.mark.distributed
+@pytest.mark.needs_reverb
 def test_a_slow_learner_makes_the_report_name_the_learner(tmp_path):
   """A big network and one update per env step, through Reverb (the prefetch thread is reported too)."""
   exp = ExperimentConfig(steps=1_000, eval_every=10**6, run_dir=str(tmp_path / "slow-learner"), **QUIET)
@@ -244,7 +244,7 @@ def test_verdict_says_when_the_nodes_saturate_the_machine():
   assert "saturated" not in report.verdict(nodes).advice
 
 
-@pytest.mark.distributed  # launch.distributed imports Launchpad
+@pytest.mark.needs_reverb  # launch.distributed imports Launchpad
 def test_distributed_report_inputs_merge_incarnations_and_rates():
   """What run_distributed makes of the nodes' books: a restarted actor's two incarnations are one
   node; env-steps/s per actor over its own wall time; histograms summed over nodes."""

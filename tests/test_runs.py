@@ -36,7 +36,7 @@ def test_deterministic_runs_repeat_bytes_and_metrics(tmp_path):
   assert c["params_digest"] != a["params_digest"]
 
 
-@pytest.mark.distributed
+@pytest.mark.needs_reverb
 def test_reverb_run_writes_the_run_directory(tmp_path):
   exp = ExperimentConfig(seed=0, run_dir=str(tmp_path / "run"), **SHORT)
   summary = run(exp, SHORT_AGENT)
@@ -87,7 +87,7 @@ def test_gaussian_ppo_learns_pendulum(tmp_path):
   assert summary["steps_to_threshold"] is not None and summary["best_eval_return"] >= -250.0, summary
 
 
-@pytest.mark.distributed
+@pytest.mark.needs_reverb
 def test_ppo_through_a_reverb_queue(tmp_path):
   from jrl.agents import ppo
   exp = ExperimentConfig(agent="ppo", seed=0, steps=4_096, eval_every=2_048, eval_episodes=2,
