@@ -5,7 +5,7 @@ import dataclasses
 import functools
 import sys
 import typing
-from typing import Any, Dict, NoReturn, Sequence, Tuple, Type
+from typing import Any, Dict, NoReturn, Optional, Sequence, Tuple, Type
 
 from jrl.errors import ConfigError
 
@@ -53,25 +53,52 @@ def _source_lines(cls: Type) -> Tuple[str, ...]:
 
 
 def _field_doc(cls: Type, name: str) -> str:
-  """The trailing `# comment` of a dataclass field, used as its help text."""
-  for line in _source_lines(cls):
+  """The trailing `# comment` of a dataclass field, with the comment-only lines that continue it,
+  used as its help text."""
+  lines = _source_lines(cls)
+  for i, line in enumerate(lines):
     stripped = line.strip()
     if stripped.startswith(f"{name}:") and "#" in stripped:
-      return stripped.split("#", 1)[1].strip()
+      column = line.index("#")
+      parts = [stripped.split("#", 1)[1].strip()]
+      for following in lines[i + 1:]:
+        if not following.strip().startswith("#") or following.index("#") != column:
+          break
+        parts.append(following.strip()[1:].strip())
+      return " ".join(parts)
   return ""
 
 
-def add_dataclass_flags(parser: argparse.ArgumentParser, cls: Type, title: str, skip: Sequence[str] = ()) -> None:
+# Fields that exist for the project's own fault tests: flags that work but are not listed in --help.
+HIDDEN_FIELDS = ("crash_learner_after", "crash_actor_after")
+
+
+def add_grouped_flags(parser: argparse.ArgumentParser, cls: Type, groups, title_prefix: str = "") -> None:
+  """One flag per field of `cls`, under one `--help` heading per group: `groups` is a sequence of
+  (name, description, field names) that together name every field once."""
+  named = [name for _, _, names in groups for name in names]
+  every = [f.name for f in dataclasses.fields(cls)]
+  if sorted(named) != sorted(every):
+    raise ValueError(f"{cls.__name__} groups miss or repeat fields: {sorted(set(every) ^ set(named))}")
+  for name, description, names in groups:
+    add_dataclass_flags(parser, cls, f"{title_prefix}{name}: {description}", only=names)
+
+
+def add_dataclass_flags(parser: argparse.ArgumentParser, cls: Type, title: str, skip: Sequence[str] = (),
+                        only: Optional[Sequence[str]] = None) -> None:
   group = parser.add_argument_group(title)
   hints = typing.get_type_hints(cls)
   for field in dataclasses.fields(cls):
-    if field.name in skip:
+    if field.name in skip or (only is not None and field.name not in only):
       continue
     hint = hints[field.name]
     if typing.get_origin(hint) is typing.Union:  # Optional[X]: the flag takes X; the default may be None
       hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
     default = field.default
     doc = _field_doc(cls, field.name)
+    if field.name in HIDDEN_FIELDS:
+      group.add_argument(f"--{field.name}", type=hint, default=None, help=argparse.SUPPRESS)
+      continue
     if hint is bool:
       group.add_argument(f"--{field.name}", type=parse_bool, nargs="?", const=True, default=None,
                          metavar="BOOL", help=f"{doc} (default {default})")

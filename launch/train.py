@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from launch.cli import OneLineParser, add_dataclass_flags, build_config, fail, given_fields
+from launch.cli import OneLineParser, add_dataclass_flags, add_grouped_flags, build_config, fail, given_fields
 
 PROG = "python -m launch.train"
 # Set once an embedded run has finished and written everything (see `_exit`).
@@ -105,9 +105,9 @@ def make_parser(agent_name: str, agent, prog: str = PROG) -> OneLineParser:
   """The run's command line: one flag per field of the experiment config and of the agent's
   config (launch.sweep checks its pass-through flags with the same parser)."""
   from jrl.agents import AGENTS
-  from jrl.experiment.config import ExperimentConfig
+  from jrl.experiment.config import FIELD_GROUPS, ExperimentConfig
   parser = OneLineParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  add_dataclass_flags(parser, ExperimentConfig, "experiment")
+  add_grouped_flags(parser, ExperimentConfig, FIELD_GROUPS)
   add_dataclass_flags(parser, agent.Config, f"agent '{agent_name}' (known agents: {', '.join(sorted(AGENTS))})")
   parser.add_argument("--verbose", action="store_true",
                       help="also show native libraries' info lines (Reverb's '[reverb/cc/...]')")

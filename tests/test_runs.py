@@ -54,7 +54,12 @@ def test_reverb_run_writes_the_run_directory(tmp_path):
   assert os.path.getsize(os.path.join(run_dir, "plots", "learning_curve.png")) > 10_000
   assert any(name.startswith("events.out.tfevents") for name in os.listdir(os.path.join(run_dir, "tensorboard")))
   learner_rows = list(csv.DictReader(open(os.path.join(run_dir, "metrics", "learner.csv"))))
-  assert learner_rows and float(learner_rows[-1]["loss"]) >= 0
+  # One row per log_every env steps once learning began, the learner's step count rising to the summary's;
+  # a Huber TD loss of a network still learning is positive and finite.
+  steps = [int(float(row["learner_steps"])) for row in learner_rows]
+  assert len(steps) >= 2 and steps == sorted(set(steps)) and steps[-1] <= summary["learner_steps"], steps
+  losses = [float(row["loss"]) for row in learner_rows]
+  assert all(0 < loss < float("inf") for loss in losses), losses
 
 
 @pytest.mark.parametrize("agent, env, steps, eval_every, threshold", [

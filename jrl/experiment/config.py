@@ -21,6 +21,25 @@ DISTRIBUTED_ONLY = frozenset({
 })
 
 
+# The experiment's fields by concern: `--help` shows one heading per group, in this order.
+FIELD_GROUPS = (
+    ("run", "what to train, for how long, evaluation and logging",
+     ("agent", "env", "seed", "steps", "run_dir", "deterministic", "num_envs", "env_groups", "eval_every",
+      "eval_episodes", "stop_at_threshold", "reward_threshold", "log_every", "progress_seconds")),
+    ("learner", "updates, devices and the batch pipeline",
+     ("updates_per_call", "learner_devices", "coordinator_address", "num_processes", "process_id", "prefetch")),
+    ("checkpoints", "checkpoints and resume",
+     ("resume", "checkpoint_every_seconds", "checkpoint_every_steps", "keep_checkpoints")),
+    ("distributed", "the Launchpad program (--distributed)",
+     ("distributed", "num_actors", "inference", "num_inference_servers", "inference_timeout_ms",
+      "variable_update_period", "lp_launch_type", "max_restarts", "restart_backoff_seconds",
+      "service_deadline_seconds", "crash_learner_after", "crash_actor_after")),
+    ("launcher", "where a distributed program runs (--launcher slurm / template)",
+     ("launcher", "hosts", "placement", "host_command")),
+    ("device", "the on-device loop", ("backend",)),
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
   """Settings shared by every agent; the agent's own live in its Config."""
