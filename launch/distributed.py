@@ -23,7 +23,7 @@ import glob
 import json
 import os
 import threading
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 import launchpad as lp
 import portpicker
@@ -33,7 +33,7 @@ from jrl.experiment import report
 from jrl.experiment.builder import build_agent_parts
 from jrl.experiment.checkpoint import Checkpointer, checkpoint_to_resume
 from jrl.experiment.config import ExperimentConfig
-from jrl.experiment.files import SUMMARY_FILE, prepare_run_dir, write_json
+from jrl.experiment.files import SUMMARY_FILE, prepare_run_dir, resolve_paths, write_json
 from jrl.experiment.logging import cut_rows
 from jrl.experiment.runner import REVERB_REPLAY_DIR
 from launch import cluster, loopback, nodes, supervisor
@@ -59,9 +59,26 @@ REPORT_NOTES = (
 ROLE_ORDER = ("learner", "sampler", "publisher", "actor", "inference", "evaluator")
 
 
+class ProgramNodes(NamedTuple):
+  """The handles of a program's nodes, for nodes of your own to call (Courier RPC):
+  `learner.get_variables()` -> (params as numpy, version); `counter.get_counts()` -> the run's
+  counts (actor_steps, learner_steps, episodes, wall_seconds, ...); `replay` is the Reverb node."""
+  counter: Any
+  replay: Any
+  learners: List[Any]           # one per learner process; learners[0] serves the parameters
+  inference_servers: List[Any]  # empty unless inference=server
+  actors: List[Any]
+  evaluator: Any
+
+  @property
+  def learner(self) -> Any:
+    return self.learners[0]
+
+
 def build_program(exp: ExperimentConfig, agent_cfg, session: nodes.Session,
-                  counter_state: Optional[Dict[str, Any]] = None) -> lp.Program:
-  """The topology; a resumed session starts the counter, learner and replay from its checkpoint."""
+                  counter_state: Optional[Dict[str, Any]] = None) -> Tuple[lp.Program, ProgramNodes]:
+  """The topology and its nodes' handles; a resumed session starts the counter, learner and
+  replay from its checkpoint."""
   replay_restore = (os.path.join(session.checkpoint, "replay", REVERB_REPLAY_DIR) if session.checkpoint else None)
   program = lp.Program("jrl")
   with program.group("counter"):
@@ -81,15 +98,16 @@ def build_program(exp: ExperimentConfig, agent_cfg, session: nodes.Session,
         assigned = len(range(server_id, exp.num_actors, exp.num_inference_servers))
         servers.append(program.add_node(lp.CourierNode(nodes.InferenceNode, exp, agent_cfg, learner, assigned,
                                                        server_id, counter, session)))
+  actors = []
   with program.group("actor"):
     for actor_id in range(exp.num_actors):
       server = servers[actor_id % len(servers)] if servers else None
-      program.add_node(lp.CourierNode(nodes.ActorNode, actor_id, exp, agent_cfg, replay, learner, counter,
-                                      server, session))
+      actors.append(program.add_node(lp.CourierNode(nodes.ActorNode, actor_id, exp, agent_cfg, replay, learner,
+                                                    counter, server, session)))
   with program.group("evaluator"):
-    program.add_node(lp.CourierNode(nodes.EvaluatorNode, exp, agent_cfg, learner, counter, servers, session,
-                                    replay))
-  return program
+    evaluator = program.add_node(lp.CourierNode(nodes.EvaluatorNode, exp, agent_cfg, learner, counter, servers,
+                                                session, replay))
+  return program, ProgramNodes(counter, replay, learners, servers, actors, evaluator)
 
 
 class _ProgressEcho(threading.Thread):
@@ -246,20 +264,67 @@ def write_run_report(run_dir: str, session: nodes.Session, exp: ExperimentConfig
   return result
 
 
-def run_distributed(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
-  """Launches the program (this host, or placed on several) and waits for it; RuntimeError naming
-  the node that failed."""
+class ProgramStopped(KeyboardInterrupt):
+  """The program was stopped from outside (Ctrl-C, lp.stop) before its evaluator ended the run."""
+
+  def __init__(self, run_dir: str):
+    super().__init__(run_dir)
+    self.run_dir = run_dir
+
+
+@dataclasses.dataclass
+class BuiltProgram:
+  """A distributed run ready to launch: its Launchpad program (add nodes of your own to it), the
+  handles of jrl's nodes, and what `launch_program` needs to run it as `launch.train
+  --distributed` does."""
+  program: lp.Program
+  nodes: ProgramNodes
+  exp: ExperimentConfig
+  agent_cfg: Any
+  session: nodes.Session
+  placement: Optional[Any]                # launch.placement.Placement; None for a launch on this host
+  node_env: Dict[str, str]                # added to each node's environment (local_mp)
+
+  @property
+  def run_dir(self) -> str:
+    return self.session.run_dir
+
+
+def make_program(exp: ExperimentConfig, agent_cfg) -> BuiltProgram:
+  """The Launchpad program `launch.train --distributed` runs for `exp` (a new run directory is
+  created and its config written; `exp.resume` continues one). ConfigError for bad input,
+  before anything is written or launched.
+
+  Launch it with `launch_program` (jrl's launchers: supervised local_mp with restarts,
+  local_mt, --launcher slurm / template; the run report), or with Launchpad's own
+  `lp.launch(built.program, launch_type="local_mp")` (no restarts, no report)."""
+  exp = resolve_paths(exp)
   build_agent_parts(exp.agent, exp.env, agent_cfg)  # config errors surface here, before any process starts
   if exp.inference == "server" and exp.num_inference_servers > exp.num_actors:
     raise ConfigError("num_inference_servers", f"must be <= num_actors ({exp.num_actors})")
   placement = cluster.resolve_placement(exp) if exp.launcher != "local" else None
   node_env = loopback.node_env(loopback.bind_address()) if exp.launcher == "local" and exp.lp_launch_type == "local_mp" else {}
   session, counter_state = prepare_session(exp, agent_cfg)
-  run_dir, log_dir = session.run_dir, os.path.join(session.run_dir, "logs")
   if exp.num_processes > 1 and not exp.coordinator_address:
     host = placement.host_of("learner", 0).address if placement else "127.0.0.1"
     exp = dataclasses.replace(exp, coordinator_address=f"{host}:{portpicker.pick_unused_port()}")
-  program = build_program(exp, agent_cfg, session, counter_state)
+  program, handles = build_program(exp, agent_cfg, session, counter_state)
+  return BuiltProgram(program, handles, exp, agent_cfg, session, placement, node_env)
+
+
+def run_distributed(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
+  """Launches the program (this host, or placed on several) and waits for it; RuntimeError naming
+  the node that failed."""
+  return launch_program(make_program(exp, agent_cfg))
+
+
+def launch_program(built: BuiltProgram) -> Dict[str, Any]:
+  """Launches a built program with jrl's launcher for its experiment (`exp.launcher`,
+  `exp.lp_launch_type`), waits for it, writes the run report; the run's summary. RuntimeError
+  naming the node that failed."""
+  program, exp, agent_cfg, session = built.program, built.exp, built.agent_cfg, built.session
+  placement, node_env = built.placement, built.node_env
+  run_dir, log_dir = session.run_dir, os.path.join(session.run_dir, "logs")
   policy = supervisor.RestartPolicy(RESTARTABLE_GROUPS, exp.max_restarts, exp.restart_backoff_seconds)
   echo = _ProgressEcho(os.path.join(log_dir, "evaluator", "0"))
   if placement is not None:
@@ -278,8 +343,8 @@ def run_distributed(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   else:
     lp.launch(program, launch_type=lp.LaunchType.LOCAL_MULTI_THREADING, serialize_py_nodes=False).wait()
   summary_path = os.path.join(run_dir, SUMMARY_FILE)
-  if not os.path.exists(summary_path):
-    raise RuntimeError("the program stopped before the evaluator wrote summary.json")
+  if not os.path.exists(summary_path):  # no node failed (that raises above): stopped from outside (Ctrl-C)
+    raise ProgramStopped(run_dir)
   with open(summary_path) as f:
     summary = json.load(f)
   restarts = restart_counts(run_dir)

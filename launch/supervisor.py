@@ -20,8 +20,10 @@ RUN_DIR/logs/pids/<group>-<index>, one row per restart in
 RUN_DIR/metrics/restarts.csv.
 """
 
+import contextlib
 import csv
 import dataclasses
+import io
 import os
 import signal
 import subprocess
@@ -214,6 +216,17 @@ class Supervisor(worker_manager.WorkerManager):
       self._stop()
     elif not running and not self._pending:
       self._disable_alarm()
+
+  def _stop_or_kill(self):
+    """Launchpad's, without its countdown: "Waiting for workers to stop for Ns." is printed each
+    second with a carriage return, which runs the lines together outside a terminal while nodes
+    stop within their grace time. Its other lines (workers that did not stop in time) are kept."""
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+      super()._stop_or_kill()
+    for line in said.getvalue().replace("\r", "\n").splitlines():
+      if line.strip() and "Waiting for workers to stop" not in line:
+        print(line, flush=True)
 
   def wait(self, labels_to_wait_for=None, raise_error=True, return_on_first_completed=False):
     """Until every node has ended and no restart is pending; then raises the failure, if any."""

@@ -52,6 +52,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
   parser = make_parser(agent_name, agent)
   args = parser.parse_args(argv)
+  exp = None
 
   try:
     if known.resume:
@@ -96,9 +97,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"{PROG}: error: {e}", file=sys.stderr)
     return 1
   except KeyboardInterrupt:
-    print(f"{PROG}: interrupted", file=sys.stderr)
+    print(f"{PROG}: interrupted; {_where_to_continue(exp.run_dir) if exp is not None else 'nothing was written'}",
+          file=sys.stderr)
     return 130
   return 0
+
+
+def _where_to_continue(run_dir: str) -> str:
+  """What an interrupted run kept, and the command that continues it."""
+  from jrl.experiment.checkpoint import Checkpointer
+  try:
+    info = Checkpointer(run_dir).latest()
+  except Exception:  # noqa: BLE001 - a damaged newest checkpoint: resume names it
+    info = None
+  if info is None:
+    return f"{run_dir} has no checkpoint yet; the same command starts it over"
+  steps = info.manifest["counters"].get("actor_steps", 0)
+  return (f"the last checkpoint is {info.path} ({steps:.0f} env steps); continue with: "
+          f"{PROG} --resume {run_dir}")
 
 
 def make_parser(agent_name: str, agent, prog: str = PROG) -> OneLineParser:

@@ -180,3 +180,18 @@ def test_a_launch_whose_sbatch_failed_does_not_block_the_same_command(slurm, tmp
   assert f"[run] {run_dir} holds a run that stopped before its first checkpoint: starting it over" in out.stdout
   assert json.load(open(os.path.join(run_dir, "summary.json")))["actor_steps"] >= 3000
   assert _run_processes(run_dir) == []
+
+
+@needs_cluster
+def test_slurm_launch_example_runs_on_the_cluster(slurm, tmp_path):
+  run_dir = str(tmp_path / "example")
+  out = subprocess.run(["bash", "examples/slurm_launch.sh", run_dir, "--steps", "3000", "--num_envs", "4",
+                        "--min_replay_size", "500", "--hidden_sizes", "32,32", "--eval_every", "3000",
+                        "--eval_episodes", "2"], cwd=ROOT, env=slurm, capture_output=True, text=True, timeout=900)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  summary = json.load(open(os.path.join(run_dir, "summary.json")))
+  assert summary["actor_steps"] >= 3000 and summary["inference"] == "server"
+  hosts = {row["host"] for path in glob.glob(os.path.join(run_dir, "metrics", "actor*.csv"))
+           for row in csv.DictReader(open(path))}
+  assert hosts == {"node2", "node3"}, hosts
+  assert _run_processes(run_dir) == []
