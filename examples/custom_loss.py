@@ -13,7 +13,7 @@ from typing import Optional, Sequence, Tuple
 import jax
 import jax.numpy as jnp
 
-from examples.custom_torso import train
+from examples.own_loop import train
 from jrl import dqn
 from jrl.types import Array, LearnerBatch, Params
 

@@ -5,7 +5,7 @@
     python -m examples.my_agent --steps 20000          # the first line, any train flag may follow
 
 DQN's pieces, recombined without forking them: this file's LayerNorm torso
-(`examples.custom_torso.QHead`), the squared-TD + weight-decay loss of
+(`examples.own_loop.QHead`), the squared-TD + weight-decay loss of
 `examples.custom_loss`, and a config that adds its own field (a flag: `--weight_decay`).
 The module must be importable where the nodes run (from the repo root, or on PYTHONPATH).
 """
@@ -15,7 +15,7 @@ import sys
 from typing import Optional, Sequence
 
 from examples.custom_loss import make_loss
-from examples.custom_torso import QHead
+from examples.own_loop import QHead
 from jrl import dqn
 from jrl.errors import ConfigError
 from jrl.replay.spec import ReplaySpec

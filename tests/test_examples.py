@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jrl
-from examples import custom_loss, custom_torso
+from examples import custom_loss, custom_torso, own_loop
 from jrl import dqn
 from jrl.learners.learner import make_multi_update, params_digest
 from jrl.replay.local import LocalReplay
@@ -19,9 +19,9 @@ from jrl.replay.local import LocalReplay
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_custom_torso_in_an_own_loop_reaches_475_within_50k_steps():
+def test_own_loop_with_a_custom_torso_reaches_475_within_50k_steps():
   start = time.perf_counter()
-  result = custom_torso.train(seed=0, steps=50_000, verbose=False)
+  result = own_loop.train(seed=0, steps=50_000, verbose=False)
   assert result.steps_to_threshold is not None and result.steps_to_threshold <= 50_000, result.evaluations
   assert result.evaluations[-1][1] >= 475.0
   # LocalReplay's schedule: one update per env step once min_replay_size (1000) are in replay,
@@ -29,6 +29,10 @@ def test_custom_torso_in_an_own_loop_reaches_475_within_50k_steps():
   assert result.env_steps - 1000 - 30 <= result.updates <= result.env_steps - 1000 + 1
   print(f"custom torso: threshold at {result.steps_to_threshold} env steps, {result.seconds:.1f}s "
         f"(test {time.perf_counter() - start:.1f}s)")
+
+
+def test_custom_torso_is_the_old_name_of_own_loop():
+  assert (custom_torso.train, custom_torso.QHead, custom_torso.main) == (own_loop.train, own_loop.QHead, own_loop.main)
 
 
 def _dqn_setup(seed=0):
@@ -75,7 +79,7 @@ def test_custom_loss_is_the_only_difference_from_the_stock_learner():
 
 
 def test_custom_loss_learns_cartpole_in_an_own_loop():
-  result = custom_torso.train(seed=0, steps=2_504, module=None, loss=custom_loss.make_loss(1e-4), verbose=False)
+  result = own_loop.train(seed=0, steps=2_504, module=None, loss=custom_loss.make_loss(1e-4), verbose=False)
   assert len(result.evaluations) == 1
   assert result.evaluations[0][1] > 100.0  # a random policy averages ~20
 
