@@ -5,7 +5,7 @@ SEED ?= 0
 ENV ?= CartPole-v1
 AGENT ?= dqn
 
-.PHONY: setup setup-core train test test-all test-core bench digests docs clean
+.PHONY: setup setup-core train test test-all test-core lint bench digests docs clean
 
 setup:
 	@bash scripts/setup_venv.sh
@@ -28,6 +28,11 @@ setup-core:
 
 test-core: setup-core
 	JRL_TEST_PYTHON=.venv-core/bin/python bash scripts/run_tests.sh --core $(PYTEST_ARGS)
+
+# The import layers and no cycles (pyproject.toml [tool.importlinter]); import-linter 2.16 runs
+# on Python >= 3.11, so from the core venv.
+lint: setup-core
+	.venv-core/bin/lint-imports
 
 bench: setup
 	$(PY) bench/embedded_throughput.py

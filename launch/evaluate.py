@@ -38,7 +38,7 @@ def device_returns(exp, policy, params, episodes: int, seed: int, index: int):
   `index` with evaluator seed `seed` played them (`jrl.device.loop.evaluate_episodes`)."""
   import jax
   import numpy as np
-  from jrl.device.envs import GymnaxVecEnv
+  from jrl.gymnax_envs import GymnaxVecEnv
   from jrl.device.loop import evaluate_episodes, evaluation_key
   env = GymnaxVecEnv(exp.env)
   play = jax.jit(lambda p, k: evaluate_episodes(env, policy, p, k, episodes))

@@ -15,7 +15,7 @@ import numpy as np
 from jrl.actors.variables import VariableClient
 from jrl.cpu_jit import jit_per_step
 from jrl.envs import EpisodeStats, EpisodeTracker, final_observations
-from jrl.experiment.report import ENV, INSERT, NULL_TIMER, PARAM_FETCH, POLICY
+from jrl.timing import ENV, INSERT, NULL_TIMER, PARAM_FETCH, POLICY
 from jrl.specs import env_action, observation_dtype
 from jrl.types import PolicyFns, PRNGKey, Transition
 
@@ -41,7 +41,7 @@ def latest_params(variables: VariableClient, timer) -> Tuple[Any, int]:
 class LocalPolicy:
   """The pure policy jitted in this process, parameters from a variable client.
 
-  `timer` (a `jrl.experiment.report.PhaseTimer`) gets the parameter fetch as its own phase.
+  `timer` (a `jrl.timing.PhaseTimer`) gets the parameter fetch as its own phase.
   """
 
   def __init__(self, policy: PolicyFns, variables: VariableClient, key: PRNGKey, timer=None,
@@ -76,7 +76,7 @@ class Actor:
 
   `sink` receives the transitions each step completes (an adder chain into
   replay); None for actors that only collect episode statistics. `timer` (a
-  `jrl.experiment.report.PhaseTimer`) splits each step into policy, env and insert time.
+  `jrl.timing.PhaseTimer`) splits each step into policy, env and insert time.
 
   `dispatch_ahead`: once the env has stepped, ask the policy for the next actions before
   the adder and the replay insert run, so that a policy computing asynchronously (JAX

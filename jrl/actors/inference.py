@@ -36,7 +36,7 @@ from flax import serialization
 
 from jrl.actors.variables import VariableClient
 from jrl.cpu_jit import jit_per_step
-from jrl.experiment.report import COLLECT, IDLE, INFERENCE_WAIT, NULL_TIMER, PARAM_FETCH, POLICY, REPLY, PhaseTimer
+from jrl.timing import COLLECT, IDLE, INFERENCE_WAIT, NULL_TIMER, PARAM_FETCH, POLICY, REPLY, PhaseTimer
 from jrl.types import PolicyFns, PRNGKey
 
 

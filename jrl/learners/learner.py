@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from jrl.experiment.report import NULL_TIMER, PARAM_FETCH, SAMPLE_WAIT, UPDATE
+from jrl.timing import NULL_TIMER, PARAM_FETCH, SAMPLE_WAIT, UPDATE
 from jrl.learners import sharding
 from jrl.replay.batches import PreparedBatch, item_priorities
 from jrl.types import LearnerFns, PRNGKey
@@ -54,7 +54,7 @@ class Learner:
   The update runs data-parallel over `mesh` (default: one device): state
   replicated, batches split along B. Batches may arrive already placed by
   `sharding.put_batch` (the prefetch thread does this); host batches are placed here.
-  `timer` (a `jrl.experiment.report.PhaseTimer`) splits each call into the wait for its
+  `timer` (a `jrl.timing.PhaseTimer`) splits each call into the wait for its
   batch and the update, and times the copies of new parameters for `get_variables`.
   """
 
