@@ -11,17 +11,21 @@ progress, and returns the program's exit status. Ctrl-C cancels the job.
 import glob
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 from jrl.errors import ConfigError
-from launch import multihost
+from launch import liveness, multihost
 from launch.placement import Host, Placement, default_placement, parse_hosts, parse_placement
 
 POLL_SECONDS = 0.5
 EXIT_STATUS_FILE = "exit_status"
+# How long the launcher waits for the job (or the host commands) to end once the program has
+# stopped, before it ends them itself.
+STOP_GRACE_SECONDS = 30.0
 
 
 def host_agent_command(run_dir: str, host: str) -> List[str]:
@@ -74,7 +78,23 @@ def _job_state(job_id: str) -> str:
   return out.stdout.strip()
 
 
-def run_slurm(run_dir: str, hosts: Tuple[Host, ...], job_name: str) -> int:
+class _StuckWatch:
+  """When the program has stopped (its stop file) but the job or host commands have not ended:
+  after STOP_GRACE_SECONDS they are ended by force (a lost host's step waits on Slurm's own
+  node timeout, minutes; a template command on a dead host may never return)."""
+
+  def __init__(self, run_dir: str):
+    self._stop_file, self._since = multihost.stop_path(run_dir), None
+
+  def stuck(self) -> bool:
+    if not os.path.exists(self._stop_file):
+      return False
+    if self._since is None:
+      self._since = time.monotonic()
+    return time.monotonic() - self._since >= STOP_GRACE_SECONDS
+
+
+def run_slurm(run_dir: str, hosts: Tuple[Host, ...], job_name: str, watch: liveness.HostWatch) -> int:
   script = sbatch_script(run_dir, hosts, job_name)
   try:
     out = subprocess.run(["sbatch", "--parsable", script], capture_output=True, text=True)
@@ -85,6 +105,7 @@ def run_slurm(run_dir: str, hosts: Tuple[Host, ...], job_name: str) -> int:
   job_id = out.stdout.strip().split(";")[0]
   print(f"[slurm] submitted job {job_id} ({len(hosts)} hosts): {script}", flush=True)
   status_file = os.path.join(multihost.launch_dir(run_dir), EXIT_STATUS_FILE)
+  stuck = _StuckWatch(run_dir)
   try:
     state = ""
     while True:
@@ -93,6 +114,13 @@ def run_slurm(run_dir: str, hosts: Tuple[Host, ...], job_name: str) -> int:
         print(f"[slurm] job {job_id} {current.lower()}", flush=True)
       state = current or state
       if not current:
+        break
+      watch.poll()
+      if stuck.stuck():
+        lost = f" (lost: {liveness.describe_lost(watch.lost)})" if watch.lost else ""
+        print(f"[slurm] job {job_id} still {current.lower()} {STOP_GRACE_SECONDS:.0f}s after the program "
+              f"stopped{lost}: cancelling it", flush=True)
+        subprocess.run(["scancel", job_id], capture_output=True)
         break
       time.sleep(POLL_SECONDS)
   except KeyboardInterrupt:
@@ -108,16 +136,28 @@ def run_slurm(run_dir: str, hosts: Tuple[Host, ...], job_name: str) -> int:
     return int(f.read().strip() or 1)
 
 
-def run_template(run_dir: str, hosts: Tuple[Host, ...], template: str) -> int:
+def run_template(run_dir: str, hosts: Tuple[Host, ...], template: str, watch: liveness.HostWatch) -> int:
   procs = []
   for host in hosts:
     command = " ".join(shlex.quote(p) for p in host_agent_command(run_dir, host.name))
     line = template.format(host=host.name, address=host.address, command=command)
     log = open(os.path.join(multihost.launch_dir(run_dir), f"host-{host.name}.out"), "w")
-    procs.append((subprocess.Popen(line, shell=True, stdout=log, stderr=subprocess.STDOUT), log))
+    procs.append((subprocess.Popen(line, shell=True, stdout=log, stderr=subprocess.STDOUT, start_new_session=True),
+                  log))
     print(f"[template] {host.name}: {line}", flush=True)
+  stuck = _StuckWatch(run_dir)
   try:
     while any(p.poll() is None for p, _ in procs):
+      watch.poll()
+      if stuck.stuck():
+        names = [h.name for h, (p, _) in zip(hosts, procs) if p.poll() is None]
+        print(f"[template] {', '.join(names)} still running {STOP_GRACE_SECONDS:.0f}s after the program stopped: "
+              "ending their commands", flush=True)
+        for p, _ in procs:
+          if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        break
       time.sleep(POLL_SECONDS)
   except KeyboardInterrupt:
     multihost.RequestStop(multihost.stop_path(run_dir))()
@@ -162,13 +202,40 @@ def failure_report(run_dir: str) -> str:
   return "\n".join(reports) or f"the job ended with an error; see {multihost.launch_dir(run_dir)}"
 
 
-def launch_on_hosts(exp, program, run_dir: str, placement: Placement, restart) -> None:
-  """Runs the placed program until it ends; RuntimeError with the failure report if it failed."""
-  multihost.build_plan(program, placement, run_dir, restart)
+def resume_hint(exp, placement: Placement, run_dir: str):
+  """The line a lost host's report ends with: the last checkpoint, and the command that continues
+  the run on the other hosts."""
+  def hint(lost: Sequence[str]) -> str:
+    from jrl.experiment.checkpoint import Checkpointer
+    try:
+      info = Checkpointer(run_dir).latest()
+    except ConfigError:
+      info = None
+    hosts, groups = liveness.placement_without([h.name for h in placement.hosts], placement.groups, lost)
+    if exp.launcher == "template":
+      hosts = ",".join(f"{h.name}={h.address}" for h in placement.hosts if h.name not in lost)
+    kept = (f"its last checkpoint is {info.path} ({info.manifest['counters'].get('actor_steps', 0):.0f} env steps)"
+            if info else "it has no checkpoint yet")
+    return (f"The run {kept}; continue it on the other hosts with: python -m launch.train --resume {run_dir} "
+            f"--hosts {hosts} --placement '{groups}'")
+  return hint
+
+
+def launch_on_hosts(exp, program, run_dir: str, placement: Placement, restart) -> Dict[str, Any]:
+  """Runs the placed program until it ends; RuntimeError with the failure report if it failed.
+  Returns the hosts lost during the run that it could do without (liveness.read_lost's form)."""
+  plan = multihost.build_plan(program, placement, run_dir, restart)
   job_name = f"jrl-{exp.agent}-{exp.env}-s{exp.seed}"
+  watch = liveness.HostWatch(run_dir, plan, exp.host_deadline_seconds, resume_hint(exp, placement, run_dir),
+                             log=lambda line: print(line, flush=True))
   if exp.launcher == "slurm":
-    status = run_slurm(run_dir, placement.hosts, job_name)
+    status = run_slurm(run_dir, placement.hosts, job_name, watch)
   else:
-    status = run_template(run_dir, placement.hosts, exp.host_command)
+    status = run_template(run_dir, placement.hosts, exp.host_command, watch)
+  finished = os.path.exists(os.path.join(run_dir, "summary.json"))
+  failed_hosts = glob.glob(multihost.failure_path(run_dir, "*"))
+  if status != 0 and finished and watch.lost and not watch.essential_lost and not failed_hosts:
+    status = 0  # the run reached its end without the lost hosts' actors: what they ran is recorded
   if status != 0:
     raise RuntimeError(failure_report(run_dir))
+  return watch.lost

@@ -6,7 +6,8 @@ Started once per host (a Slurm step, or the template launcher's command). It
 supervises the nodes the plan puts on HOST (restarts as configured), binds
 their servers to the host's address, stops them when the stop file appears,
 and on a node failure writes the report and the stop file so every host ends.
-Exit status: 0 when every node ended cleanly, 1 after a failure.
+Exit status: 0 when every node ended cleanly, 1 after a failure. It writes a heartbeat
+(`launch.liveness`) for the launcher to see it alive; its nodes die with it.
 """
 
 import os
@@ -18,7 +19,7 @@ from jrl import compat
 
 compat.import_jax_probability()
 
-from launch import loopback, multihost, supervisor  # noqa: E402
+from launch import liveness, loopback, multihost, supervisor  # noqa: E402
 
 
 def _watch(sup: supervisor.Supervisor, run_dir: str, host: str, done: threading.Event) -> None:
@@ -49,6 +50,8 @@ def main(argv) -> int:
   restart = plan["restart"]
   policy = supervisor.RestartPolicy(tuple(restart["groups"]), restart["max_restarts"], restart["backoff_seconds"])
   print(f"[host {host}] {len(commands)} nodes: {', '.join(c.title for c in commands)}", flush=True)
+  heartbeat = liveness.Heartbeat(run_dir, host)  # the launcher's HostWatch notices when it stops
+  heartbeat.start()
   sup = supervisor.Supervisor(commands, run_dir, policy, env)
   done = threading.Event()
   watcher = threading.Thread(target=_watch, args=(sup, run_dir, host, done), daemon=True)

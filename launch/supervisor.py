@@ -36,6 +36,8 @@ import launchpad as lp
 from launchpad.launch import worker_manager
 from launchpad.launch.run_locally import run_locally
 
+from launch.liveness import die_with_parent
+
 INCARNATION_ENV = "JRL_INCARNATION"
 RUN_DIR_ENV = "JRL_RUN_DIR"  # in every node's environment: finds a run's processes
 TERMINAL = "jrl_supervised"
@@ -148,7 +150,8 @@ class Supervisor(worker_manager.WorkerManager):
       # directory goes first, so that nodes import what `python -m launch.train` could
       # (a custom agent `--agent pkg.module`, an env factory `--env pkg.module:function`).
       env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env.get("PYTHONPATH")) if p)
-      process = subprocess.Popen(node.command, env=env, stdout=log, stderr=log)
+      # A node dies with this process (its host agent, or the launcher): none outlives its host's agent.
+      process = subprocess.Popen(node.command, env=env, stdout=log, stderr=log, preexec_fn=die_with_parent)
     self._nodes[process.pid] = node
     self._active_workers[node.name].append(process)
     self._workers_count[node.name] += 1

@@ -16,7 +16,8 @@ EMBEDDED_ONLY = {
 }
 DISTRIBUTED_ONLY = frozenset({
     "num_actors", "inference", "num_inference_servers", "inference_timeout_ms", "variable_update_period",
-    "lp_launch_type", "launcher", "hosts", "placement", "host_command", "max_restarts", "restart_backoff_seconds",
+    "lp_launch_type", "launcher", "hosts", "placement", "host_command", "host_deadline_seconds", "max_restarts",
+    "restart_backoff_seconds",
     "service_deadline_seconds", "crash_learner_after", "crash_actor_after",
 })
 
@@ -35,7 +36,7 @@ FIELD_GROUPS = (
       "variable_update_period", "lp_launch_type", "max_restarts", "restart_backoff_seconds",
       "service_deadline_seconds", "crash_learner_after", "crash_actor_after")),
     ("launcher", "where a distributed program runs (--launcher slurm / template)",
-     ("launcher", "hosts", "placement", "host_command")),
+     ("launcher", "hosts", "placement", "host_command", "host_deadline_seconds")),
     ("device", "the on-device loop", ("backend",)),
 )
 
@@ -82,6 +83,8 @@ class ExperimentConfig:
   hosts: str = ""                    # multi-host: "node1,node2,node3" (Slurm gives addresses) or "node1=10.0.0.1,..."
   placement: str = ""                # multi-host: groups on hosts, e.g. "replay,learner,counter,evaluator=node1 actor=node2,node3"
   host_command: str = ""             # template launcher: runs {command} on {host} at {address}, e.g. "ssh {host} {command}"
+  host_deadline_seconds: float = 30.0  # multi-host: a host agent silent this long is lost (its actors: the run
+                                       # goes on; a learner, replay, counter, evaluator or server: it stops)
   max_restarts: int = 3              # restarts allowed per actor, evaluator or inference node
   restart_backoff_seconds: float = 1.0  # first wait before a restart; doubles with each restart of a node
   service_deadline_seconds: float = 60.0  # how long actors retry a lost replay or inference server
@@ -126,7 +129,7 @@ class ExperimentConfig:
                          "restart_backoff_seconds")
     if self.keep_checkpoints < 1:
       raise ConfigError("keep_checkpoints", f"must be >= 1, got {self.keep_checkpoints}")
-    require_positive(self, "service_deadline_seconds")
+    require_positive(self, "service_deadline_seconds", "host_deadline_seconds")
     require_non_negative(self, "progress_seconds")
 
   def check_given_flags(self, given) -> None:

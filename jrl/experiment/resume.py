@@ -15,6 +15,8 @@ CHANGEABLE_ON_RESUME = frozenset({
     "steps", "resume", "run_dir", "progress_seconds", "stop_at_threshold",
     "checkpoint_every_seconds", "checkpoint_every_steps", "keep_checkpoints",
     "max_restarts", "restart_backoff_seconds", "service_deadline_seconds", "lp_launch_type",
+    # Where a distributed run's nodes run: a run resumed after losing a host is placed on the others.
+    "hosts", "placement", "host_command", "host_deadline_seconds",
     "crash_learner_after", "crash_actor_after",
 })
 

@@ -1,0 +1,152 @@
+"""Host liveness of a multi-host program: heartbeats, the watch that notices a lost host, and what
+follows from it.
+
+Every host agent (`launch.host`) rewrites `RUN_DIR/launch/alive/HOST` every `HEARTBEAT_SECONDS`
+(the run directory is shared by every host). The launcher's `HostWatch` judges each heartbeat by
+when *it* last saw the file change, on its own monotonic clock, so the hosts' clocks need not
+agree. A host silent for `deadline` seconds (`--host_deadline_seconds`; one that never reported,
+from the watch's start) is lost:
+
+- its nodes are recorded in `RUN_DIR/launch/lost_hosts.json` (the evaluator's progress lines and
+  metric rows, and the run's summary, read it);
+- if every node on it is one the run can do without (actors), the run goes on;
+- if it ran a node the run cannot do without (learner, replay, counter, evaluator, inference
+  server), the watch writes the host's failure report, naming the host, its nodes and the
+  command that resumes the run on the other hosts, and stops the program (the stop file).
+
+A node process also dies with its host agent (`die_with_parent`, set by the supervisor), so a
+host agent that is killed takes its nodes with it, as a crashed machine would.
+"""
+
+import ctypes
+import json
+import os
+import signal
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from jrl.experiment.files import write_json
+from launch import multihost
+
+HEARTBEAT_SECONDS = 2.0
+ALIVE_DIR = "alive"
+LOST_FILE = "lost_hosts.json"
+# Groups whose nodes the run can do without: an actor's loss costs throughput, not the run.
+EXPENDABLE_GROUPS = ("actor",)
+_PR_SET_PDEATHSIG = 1
+
+
+try:  # resolved here, in the parent: the child between fork and exec only calls it
+  _prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux: the stop file remains the way nodes end
+  _prctl = None
+
+
+def die_with_parent() -> None:
+  """In a child before exec (`preexec_fn`): the kernel kills it when its parent dies (Linux)."""
+  if _prctl is not None:
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def alive_path(run_dir: str, host: str) -> str:
+  return os.path.join(multihost.launch_dir(run_dir), ALIVE_DIR, host)
+
+
+def lost_path(run_dir: str) -> str:
+  return os.path.join(multihost.launch_dir(run_dir), LOST_FILE)
+
+
+class Heartbeat(threading.Thread):
+  """A host agent's heartbeat: its file rewritten every `HEARTBEAT_SECONDS` until `stop()`."""
+
+  def __init__(self, run_dir: str, host: str, every: float = HEARTBEAT_SECONDS):
+    super().__init__(name=f"heartbeat-{host}", daemon=True)
+    self._path, self._every, self._stop = alive_path(run_dir, host), every, threading.Event()
+    os.makedirs(os.path.dirname(self._path), exist_ok=True)
+
+  def run(self) -> None:
+    beat = 0
+    while True:
+      beat += 1
+      write_json(self._path, {"beat": beat, "pid": os.getpid(), "time": time.time()})
+      if self._stop.wait(self._every):
+        return
+
+  def stop(self) -> None:
+    self._stop.set()
+
+
+def read_lost(run_dir: str) -> Dict[str, Dict]:
+  """{host: {"nodes": [...], "expendable": bool, "silent_seconds": s}} of the hosts lost so far."""
+  try:
+    with open(lost_path(run_dir)) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return {}
+
+
+def lost_nodes(lost: Dict[str, Dict]) -> List[str]:
+  return sorted(node for record in lost.values() for node in record["nodes"])
+
+
+def describe_lost(lost: Dict[str, Dict]) -> str:
+  """'node3 (actor/1, actor/3)' for every lost host; '' when none is."""
+  return ", ".join(f"{host} ({', '.join(record['nodes'])})" for host, record in sorted(lost.items()))
+
+
+def placement_without(hosts: Sequence[str], groups: Dict[str, Sequence[str]], lost: Sequence[str]) -> Tuple[str, str]:
+  """(--hosts, --placement) that avoid the lost hosts: each group keeps its other hosts, and a
+  group left with none goes to the first remaining host."""
+  remaining = [h for h in hosts if h not in lost]
+  placed = {group: [h for h in names if h not in lost] or remaining[:1] for group, names in groups.items()}
+  return ",".join(remaining), " ".join(f"{group}={','.join(names)}" for group, names in placed.items())
+
+
+class HostWatch:
+  """The launcher's watch over the host agents' heartbeats (see the module docstring). `poll()`
+  often; it returns the hosts newly found lost."""
+
+  def __init__(self, run_dir: str, plan: Dict, deadline: float, resume_hint: Callable[[Sequence[str]], str],
+               log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic):
+    self._run_dir, self._deadline, self._hint, self._log, self._clock = run_dir, deadline, resume_hint, log, clock
+    self._nodes = {host: [node["title"] for node in entry["nodes"]] for host, entry in plan["hosts"].items()}
+    started = clock()
+    self._last: Dict[str, Tuple[Optional[str], float]] = {host: (None, started) for host in self._nodes}
+    self.lost: Dict[str, Dict] = {}
+
+  @property
+  def essential_lost(self) -> bool:
+    return any(not record["expendable"] for record in self.lost.values())
+
+  def poll(self) -> List[str]:
+    now, newly = self._clock(), []
+    for host, (seen, since) in self._last.items():
+      if host in self.lost:
+        continue
+      try:
+        with open(alive_path(self._run_dir, host)) as f:
+          text = f.read()
+      except OSError:
+        text = None
+      if text != seen:
+        self._last[host] = (text, now)
+      elif now - since >= self._deadline:
+        newly.append(host)
+        self._lose(host, now - since)
+    return newly
+
+  def _lose(self, host: str, silent: float) -> None:
+    nodes = self._nodes[host]
+    expendable = all(node.split("/")[0] in EXPENDABLE_GROUPS for node in nodes)
+    self.lost[host] = {"nodes": nodes, "expendable": expendable, "silent_seconds": round(silent, 1)}
+    write_json(lost_path(self._run_dir), self.lost)
+    what = f"host {host} lost (no heartbeat for {silent:.0f}s): it ran {', '.join(nodes) or 'no node'}"
+    if expendable:
+      self._log(f"[launch] {what}; the run goes on without them")
+      return
+    report = f"{what}, which the run cannot do without; the program stopped. {self._hint(sorted(self.lost))}"
+    self._log(f"[launch] {report}")
+    with open(multihost.failure_path(self._run_dir, host), "w") as f:
+      f.write(report + "\n")
+    multihost.RequestStop(multihost.stop_path(self._run_dir))()

@@ -1,0 +1,168 @@
+"""When a host dies: the launcher notices it by its heartbeat, names it and its nodes, goes on
+without expendable nodes or stops the program and says how to resume, and never hangs on Slurm.
+
+Each test gets a fresh 3-host Slurm cluster (scripts/slurm_test_cluster.sh: network namespaces
+on this machine), because killing a host kills its slurmd too. "A host dies" is SIGKILL to every
+process in its network namespace (slurmd, the job step, the host agent, its nodes), as a crashed
+machine takes them all at once.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import psutil
+import pytest
+
+pytestmark = [pytest.mark.needs_reverb, pytest.mark.slow,
+              pytest.mark.skipif(os.geteuid() != 0 or shutil.which("slurmctld") is None
+                                 or shutil.which("munged") is None,
+                                 reason="needs root and Debian's slurm-wlm + munge (.ci/run installs them)")]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLUSTER = os.path.join(ROOT, "scripts", "slurm_test_cluster.sh")
+HOSTS = "node1,node2,node3"
+PLACEMENT = "replay,learner,counter,evaluator=node1 actor=node2,node3"
+SMALL = ["--num_actors", "4", "--num_envs", "4", "--min_replay_size", "500", "--hidden_sizes", "32,32",
+         "--eval_episodes", "2", "--progress_seconds", "2"]
+
+
+@pytest.fixture
+def slurm():
+  state = tempfile.mkdtemp(prefix="jrl-slurm-")  # munged wants every folder above its socket searchable
+  up = subprocess.run([CLUSTER, "up", state], capture_output=True, text=True, timeout=120)
+  assert up.returncode == 0, up.stdout + up.stderr
+  yield dict(os.environ, SLURM_CONF=os.path.join(state, "slurm.conf"))
+  down = subprocess.run([CLUSTER, "down", state], capture_output=True, text=True, timeout=180)
+  assert down.returncode == 0, down.stderr
+  shutil.rmtree(state, ignore_errors=True)
+
+
+class Launch:
+  """`launch.train --distributed --launcher slurm` in the background, its output lines timestamped."""
+
+  def __init__(self, args, env, cwd=ROOT):
+    self.lines = []
+    self.proc = subprocess.Popen([sys.executable, "-m", "launch.train", "--distributed", "--launcher", "slurm",
+                                  "--hosts", HOSTS, *args], cwd=cwd, env=env, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    self._reader = threading.Thread(target=self._read, daemon=True)
+    self._reader.start()
+
+  def _read(self):
+    for line in self.proc.stdout:
+      self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+  def wait(self, timeout):
+    self.proc.wait(timeout=timeout)
+    self._reader.join(timeout=10)
+    return self.proc.returncode, time.monotonic()
+
+  def first(self, prefix):
+    return next(((t, line) for t, line in self.lines if line.startswith(prefix)), (None, None))
+
+  def text(self):
+    return "\n".join(line for _, line in self.lines)[-5000:]
+
+
+def _wait_for(condition, what, launch, timeout=300):
+  deadline = time.monotonic() + timeout
+  while not condition():
+    assert launch.proc.poll() is None, f"the launch ended before {what}:\n{launch.text()}"
+    assert time.monotonic() < deadline, f"no {what} within {timeout}s:\n{launch.text()}"
+    time.sleep(0.5)
+
+
+def _rows(path):
+  return sum(1 for _ in open(path)) - 1 if os.path.exists(path) else 0
+
+
+def _kill_host(index):
+  """SIGKILL every process in host `index`'s network namespace."""
+  out = subprocess.run(["ip", "netns", "pids", f"slurmns{index}"], capture_output=True, text=True, check=True)
+  for pid in map(int, out.stdout.split()):
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+
+
+def _run_processes(run_dir):
+  found = []
+  for proc in psutil.process_iter(["pid", "cmdline"]):
+    try:
+      if proc.environ().get("JRL_RUN_DIR") == run_dir or run_dir in " ".join(proc.info["cmdline"] or []):
+        found.append(proc)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+      pass
+  return found
+
+
+def test_an_actor_host_that_dies_is_named_and_the_run_finishes_without_it(slurm, tmp_path):
+  run_dir = str(tmp_path / "lost-actors")
+  launch = Launch(["--placement", PLACEMENT, "--steps", "30000", "--eval_every", "10000", *SMALL,
+                   "--run_dir", run_dir], slurm)
+  _wait_for(lambda: _rows(os.path.join(run_dir, "metrics", "actor1.csv")) >= 2, "rows of actor 1 (node3)", launch)
+  killed = time.monotonic()
+  _kill_host(3)
+  code, ended = launch.wait(timeout=900)
+  assert code == 0, launch.text()
+  noticed, line = launch.first("[launch] host node3 lost")
+  assert line is not None and noticed - killed <= 60, launch.text()
+  assert "it ran actor/1, actor/3; the run goes on without them" in line, line
+  summary = json.load(open(os.path.join(run_dir, "summary.json")))
+  assert summary["lost_hosts"] == ["node3"] and summary["lost_nodes"] == ["actor/1", "actor/3"], summary
+  assert summary["actor_steps"] >= 30000
+  # The program ended when the evaluator stopped it (the stop file); the launcher returned soon after,
+  # not when Slurm's own timeout marked node3 down (minutes).
+  stopped = os.path.getmtime(os.path.join(run_dir, "launch", "STOP"))
+  assert time.time() - (time.monotonic() - ended) - stopped <= 60, launch.text()
+  assert "lost hosts node3 (nodes actor/1, actor/3)" in launch.lines[-1][1], launch.text()
+  assert _run_processes(run_dir) == []
+
+
+def test_the_learners_host_dies_the_program_stops_and_resumes_elsewhere(slurm, tmp_path):
+  run_dir = str(tmp_path / "lost-learner")
+  launch = Launch(["--placement", PLACEMENT, "--steps", "40000", "--eval_every", "10000",
+                   "--checkpoint_every_steps", "3000", *SMALL, "--run_dir", run_dir], slurm)
+  _wait_for(lambda: os.path.isdir(os.path.join(run_dir, "checkpoints", "ckpt-000001")), "first checkpoint", launch)
+  killed = time.monotonic()
+  _kill_host(1)
+  code, ended = launch.wait(timeout=600)
+  assert code == 1 and ended - killed <= 90, (ended - killed, launch.text())
+  error = launch.lines[-1][1]
+  assert "host node1 lost" in error and "learner/0" in error and "cannot do without" in error, launch.text()
+  assert "continue it on the other hosts with: python -m launch.train --resume" in error, error
+  command = error.split("continue it on the other hosts with: ", 1)[1]
+  assert "--hosts node2,node3" in command and "node1" not in command.split("--hosts", 1)[1], command
+  assert _run_processes(run_dir) == []
+  resumed = subprocess.run(["bash", "-c", command.replace("python -m", f"{sys.executable} -m")], cwd=ROOT,
+                           env=slurm, capture_output=True, text=True, timeout=900)
+  assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+  summary = json.load(open(os.path.join(run_dir, "summary.json")))
+  assert summary["resumed"] and summary["actor_steps"] >= 40000 and summary["lost_hosts"] == []
+
+
+def test_a_host_agent_killed_alone_takes_its_nodes_with_it(slurm, tmp_path):
+  run_dir = str(tmp_path / "agent-killed")
+  launch = Launch(["--placement", PLACEMENT, "--steps", "20000", "--eval_every", "10000", *SMALL,
+                   "--run_dir", run_dir], slurm)
+  _wait_for(lambda: _rows(os.path.join(run_dir, "metrics", "actor1.csv")) >= 2, "rows of actor 1 (node3)", launch)
+  agent = next(p for p in _run_processes(run_dir)
+               if "launch.host" in " ".join(p.cmdline()) and p.cmdline()[-1] == "node3")
+  on_node3 = [p for p in _run_processes(run_dir) if p.environ().get("JRL_HOST") == "node3" and p.pid != agent.pid]
+  assert len(on_node3) == 2, on_node3  # actors 1 and 3
+  agent.kill()
+  gone, alive = psutil.wait_procs(on_node3, timeout=10)
+  assert not alive, alive
+  code, _ = launch.wait(timeout=900)
+  assert code == 0, launch.text()
+  summary = json.load(open(os.path.join(run_dir, "summary.json")))
+  assert summary["lost_hosts"] == ["node3"] and summary["actor_steps"] >= 20000, summary
+  assert _run_processes(run_dir) == []
