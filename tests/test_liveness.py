@@ -1,0 +1,75 @@
+"""The launcher's watch over host heartbeats, on a fake clock: who is lost when, and what follows."""
+
+import json
+import os
+
+import pytest
+
+pytestmark = pytest.mark.needs_reverb  # launch.multihost imports Launchpad
+
+from launch import liveness, multihost  # noqa: E402
+
+PLAN = {"hosts": {"node1": {"nodes": [{"title": "replay/0"}, {"title": "learner/0"}]},
+                  "node2": {"nodes": [{"title": "actor/0"}, {"title": "actor/2"}]},
+                  "node3": {"nodes": [{"title": "actor/1"}, {"title": "actor/3"}]}}}
+
+
+class Clock:
+  def __init__(self):
+    self.now = 100.0
+
+  def __call__(self):
+    return self.now
+
+
+def _beat(run_dir, host, n):
+  os.makedirs(os.path.join(run_dir, "launch", "alive"), exist_ok=True)
+  with open(liveness.alive_path(run_dir, host), "w") as f:
+    f.write(json.dumps({"beat": n}))
+
+
+def test_a_silent_actor_host_is_lost_after_the_deadline_and_the_run_goes_on(tmp_path):
+  run_dir, clock, said = str(tmp_path), Clock(), []
+  watch = liveness.HostWatch(run_dir, PLAN, deadline=30, resume_hint=lambda lost: "HINT", log=said.append,
+                             clock=clock)
+  for second in range(0, 60, 2):
+    clock.now = 100.0 + second
+    for host in ("node1", "node2") + (("node3",) if second < 10 else ()):
+      _beat(run_dir, host, second)
+    newly = watch.poll()
+    if second < 38:  # node3's last change was seen at 8 s: lost 30 s later, not before
+      assert newly == [], (second, newly)
+    elif second == 38:
+      assert newly == ["node3"]
+  assert list(watch.lost) == ["node3"] and not watch.essential_lost
+  assert said == ["[launch] host node3 lost (no heartbeat for 30s): it ran actor/1, actor/3; "
+                  "the run goes on without them"]
+  assert liveness.read_lost(run_dir)["node3"]["nodes"] == ["actor/1", "actor/3"]
+  assert not os.path.exists(multihost.stop_path(run_dir))  # the program goes on
+  assert liveness.lost_nodes(liveness.read_lost(run_dir)) == ["actor/1", "actor/3"]
+
+
+def test_a_lost_learner_host_stops_the_program_with_its_report(tmp_path):
+  run_dir, clock, said = str(tmp_path), Clock(), []
+  os.makedirs(multihost.launch_dir(run_dir))
+  watch = liveness.HostWatch(run_dir, PLAN, deadline=30, resume_hint=lambda lost: f"resume without {lost}",
+                             log=said.append, clock=clock)
+  _beat(run_dir, "node2", 0)
+  _beat(run_dir, "node3", 0)
+  watch.poll()
+  clock.now += 29.9
+  assert watch.poll() == []  # node1 never reported: counted from the watch's start
+  clock.now += 0.1
+  assert watch.poll() == ["node1", "node2", "node3"]  # the others were silent as long
+  assert watch.essential_lost and os.path.exists(multihost.stop_path(run_dir))
+  report = open(multihost.failure_path(run_dir, "node1")).read().strip()
+  assert report.startswith("host node1 lost (no heartbeat for 30s): it ran replay/0, learner/0, which the run "
+                           "cannot do without; the program stopped.")
+  assert report.endswith("resume without ['node1']")
+
+
+def test_placement_without_the_lost_hosts():
+  groups = {"replay": ["node1"], "learner": ["node1", "node2"], "actor": ["node2", "node3"]}
+  hosts, placement = liveness.placement_without(["node1", "node2", "node3"], groups, ["node1"])
+  assert (hosts, placement) == ("node2,node3", "replay=node2 learner=node2 actor=node2,node3")
+  assert liveness.placement_without(["a", "b"], {"actor": ["b"]}, ["b"]) == ("a", "actor=a")
