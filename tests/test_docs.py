@@ -25,8 +25,8 @@ PAGES = sorted(DOCS.rglob("*.md"))
 
 # (page, index of its python block) -> why it is in the slow tier: programs that take more than
 # ~10 s. None now: the two that train (library.md's own loop, 1,000 env steps; checkpoints.md's
-# 2,000-step run) take 7-9 s each in the test process (2-core box, other tests running), and the
-# whole file ~50 s.
+# 2,000-step run) take 4-10 s each in the test process (2-core box, other tests running), and the
+# whole file 50-65 s, the site's build (12-17 s) included.
 SLOW_PROGRAMS = {}
 
 
