@@ -62,7 +62,7 @@ class Heartbeat(threading.Thread):
 
   def __init__(self, run_dir: str, host: str, every: float = HEARTBEAT_SECONDS):
     super().__init__(name=f"heartbeat-{host}", daemon=True)
-    self._path, self._every, self._stop = alive_path(run_dir, host), every, threading.Event()
+    self._path, self._every, self._halt = alive_path(run_dir, host), every, threading.Event()
     os.makedirs(os.path.dirname(self._path), exist_ok=True)
 
   def run(self) -> None:
@@ -70,11 +70,11 @@ class Heartbeat(threading.Thread):
     while True:
       beat += 1
       write_json(self._path, {"beat": beat, "pid": os.getpid(), "time": time.time()})
-      if self._stop.wait(self._every):
+      if self._halt.wait(self._every):
         return
 
   def stop(self) -> None:
-    self._stop.set()
+    self._halt.set()
 
 
 def read_lost(run_dir: str) -> Dict[str, Dict]:
