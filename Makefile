@@ -46,4 +46,4 @@ docs: setup
 	bash scripts/build_docs.sh
 
 clean:
-	rm -rf .venv .venv-core runs
+	rm -rf .venv .venv-core runs build
