@@ -40,7 +40,7 @@ BUDGETS = {
         [("--steps 100000", "--steps 3300")],
     ".venv/bin/python -m launch.train --backend device --agent ppo --env gymnax:CartPole-v1 --steps 100000":
         [("--steps 100000", "--steps 5100")],
-    ".venv/bin/python -m examples.custom_torso --steps 50000": [("--steps 50000", "--steps 2500")],
+    ".venv/bin/python -m examples.own_loop --steps 50000": [("--steps 50000", "--steps 2500")],
     ".venv/bin/python -m launch.sweep --agent dqn --seeds 0-4 --run_dir runs/sweep-dqn --deterministic":
         [("--seeds 0-4", "--seeds 0-1"), ("--deterministic", "--deterministic --steps 2000")],
     ".venv/bin/python -m launch.train --agent dqn --env CartPole-v1 --steps 50000 --run_dir runs/dqn-s0":
