@@ -32,7 +32,8 @@ _NAMES: Dict[str, str] = {
     "networks": "jrl.networks", "MLP": "jrl.networks", "QNetwork": "jrl.networks",
     # Replay for your own loop.
     "replay": "jrl.replay", "LocalReplay": "jrl.replay.local", "calls_due": "jrl.replay.local",
-    "ReplaySpec": "jrl.replay.spec",
+    "ReplaySpec": "jrl.replay.spec", "ItemKind": "jrl.replay.kinds", "Transitions": "jrl.replay.kinds",
+    "TrajectoryQueue": "jrl.replay.kinds", "ReplayedSequences": "jrl.replay.kinds",
     # Learner and evaluator shells.
     "Learner": "jrl.learners.learner", "make_multi_update": "jrl.learners.learner",
     "params_digest": "jrl.learners.learner", "Evaluator": "jrl.actors.evaluator",
@@ -54,6 +55,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
   from jrl.learners.learner import Learner, make_multi_update, params_digest  # noqa: F401
   from jrl.networks import MLP, QNetwork  # noqa: F401
   from jrl.policies import load_policy  # noqa: F401
+  from jrl.replay.kinds import ItemKind, ReplayedSequences, TrajectoryQueue, Transitions  # noqa: F401
   from jrl.replay.local import LocalReplay, calls_due  # noqa: F401
   from jrl.replay.spec import ReplaySpec  # noqa: F401
   from jrl.specs import EnvSpec  # noqa: F401

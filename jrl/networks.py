@@ -93,16 +93,13 @@ class SmallCNN(nn.Module):
 TORSOS = ("auto", "mlp", "nature_cnn", "impala_resnet", "small_cnn")
 
 
-def check_network_fields(config) -> None:
-  """ConfigError for an agent config's network fields: `hidden_sizes`, and `torso` and
-  `reward_clip` where the config has them."""
-  if not config.hidden_sizes or any(h <= 0 for h in config.hidden_sizes):
-    raise ConfigError("hidden_sizes", f"must be non-empty positive sizes, got {config.hidden_sizes}")
-  torso = getattr(config, "torso", None)
+def check_network_fields(hidden_sizes: Sequence[int], torso: Optional[str] = None) -> None:
+  """ConfigError for an agent config's network fields: `hidden_sizes`, and `torso` where the
+  config has one."""
+  if not hidden_sizes or any(h <= 0 for h in hidden_sizes):
+    raise ConfigError("hidden_sizes", f"must be non-empty positive sizes, got {hidden_sizes}")
   if torso is not None and torso not in TORSOS:
     raise ConfigError("torso", f"unknown torso '{torso}' (one of {', '.join(TORSOS)})")
-  if getattr(config, "reward_clip", 0) < 0:
-    raise ConfigError("reward_clip", f"must be >= 0 (0: off), got {config.reward_clip}")
 
 
 # Smallest frame side each image torso takes (its convolutions must leave at least 1x1).

@@ -341,7 +341,7 @@ def _seeded_replay(spec, cfg) -> _Replay:
   from jrl.replay.batches import items_per_fetch, make_assembler
   from jrl.replay.buffer import SeededReplayBuffer
 
-  buffer = SeededReplayBuffer(dataclasses.replace(spec, sequence_length=0), seed=0)
+  buffer = SeededReplayBuffer(spec, seed=0, queue=False)
 
   def batches(u: int) -> Iterator:
     num_items, assemble = items_per_fetch(spec, u, cfg.batch_size), make_assembler(
@@ -420,7 +420,7 @@ def measure(agent_name: str, env_id: str, cfg, seconds: float = 0.5, env_sizes: 
     from jrl.actors.variables import VariableClient
     from jrl.cpu_jit import jit_per_step
     from jrl.experiment import report
-    from jrl.experiment.builder import build_agent_parts, example_item, make_adder
+    from jrl.experiment.builder import build_agent_parts, example_item
     from jrl.learners import sharding
     from jrl.learners.learner import Learner
     from jrl.replay.adders import make_block_writer
@@ -469,7 +469,7 @@ def measure(agent_name: str, env_id: str, cfg, seconds: float = 0.5, env_sizes: 
       sinks = [make_block_writer(spec, r.writer) for r in replays]
       sink = sinks[:1]  # the one the actor writes to now
       actor = Actor(env, LocalPolicy(policy_fns, VariableClient(Source()), jax.random.PRNGKey(1)),
-                    adder=make_adder(spec, n, cfg), sink=lambda rows: sink[0].add(rows), timer=timer)
+                    adder=spec.kind.make_adder(n), sink=lambda rows: sink[0].add(rows), timer=timer)
       figures = []
       for blocks, replay in zip(sinks, replays):
         sink[0] = blocks
@@ -498,7 +498,8 @@ def measure(agent_name: str, env_id: str, cfg, seconds: float = 0.5, env_sizes: 
       log(f"  policy x{b:<4} {1e3 * policy_cost[b]:8.3f} ms/call")
 
     rng = np.random.default_rng(0)
-    for _ in range(max(spec.min_items, items_per_fetch(spec, max(updates), cfg.batch_size))):
+    for _ in range(max(spec.min_items, items_per_fetch(spec, spec.kind.updates_per_call(max(updates)),
+                                                       cfg.batch_size))):
       item = jax.tree_util.tree_map(lambda x: rng.normal(size=np.shape(x)).astype(np.asarray(x).dtype)
                                     if np.issubdtype(np.asarray(x).dtype, np.floating) else np.zeros_like(x), example)
       for replay in replays:
@@ -507,7 +508,7 @@ def measure(agent_name: str, env_id: str, cfg, seconds: float = 0.5, env_sizes: 
       replay.flush()
     timer = report.PhaseTimer()
     for u in updates:
-      if spec.sequences and u != 1:
+      if spec.kind.updates_per_call(u) != u:  # an on-policy queue's calls are one batch each
         continue
       line = f"  learner: {u:>2} updates/call"
       for replay, table, note in zip(replays, tables, notes):
@@ -524,9 +525,7 @@ def measure(agent_name: str, env_id: str, cfg, seconds: float = 0.5, env_sizes: 
       log(line)
 
   cores = float(len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else float(os.cpu_count() or 1)
-  rows_per_step = 1.0 / spec.replay_sequence_period if spec.replayed_sequences else 1.0  # R2D2: a sequence per period
-  work = Workload(cfg.batch_size, 1.0 if spec.sequences else float(spec.samples_per_insert) * rows_per_step,
-                  spec.sequence_length)
+  work = Workload(cfg.batch_size, *spec.kind.learner_workload(spec))
   mine = tables[0]
   costs = Costs(env_cost, policy_cost, mine["insert"], mine["learner"], mine["sample"], cores,
                 actor_cpu=mine["actor_cpu"], learner_cpu=mine["learner_cpu"], prefetch=prefetch,

@@ -223,7 +223,7 @@ def report_inputs(books: List[Mapping[str, Any]], summary: Mapping[str, Any], sp
   inserted, sampled = summary.get("replay_items_inserted"), summary.get("replay_items_sampled")
   spi = None
   if inserted is not None and sampled is not None:
-    counted = inserted if spec.sequences else inserted - spec.min_items
+    counted = spec.kind.counted_inserts(0, inserted, spec.min_items)
     spi = sampled / counted if counted > 0 else None
   batch_sizes, lags = _histogram(books, "batch_sizes"), _histogram(books, "policy_lag")
   wall = summary.get("wall_seconds") or 0.0
@@ -232,7 +232,7 @@ def report_inputs(books: List[Mapping[str, Any]], summary: Mapping[str, Any], sp
       "updates_per_second": rate("updates", lead_only=True),
       "learner_calls_per_second": rate("calls", lead_only=True),
       "samples_per_insert": spi,
-      "samples_per_insert_target": 1.0 if spec.sequences else float(spec.samples_per_insert),
+      "samples_per_insert_target": spec.kind.samples_per_insert(spec),
       "run_env_steps_per_second": summary.get("actor_steps", 0) / wall if wall else None,
       "inference_batch_mean": _mean(batch_sizes),
       "policy_lag_mean": _mean(lags),

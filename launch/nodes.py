@@ -121,10 +121,11 @@ def reverb_checkpointer(run_dir: str, restore_from: Optional[str]):
 
 def make_replay_tables(exp: ExperimentConfig, agent_cfg):
   parts = build_agent_parts(exp.agent, exp.env, agent_cfg)
+  spec = parts.replay_spec
   signature = reverb_replay.item_signature(example_item(parts, agent_cfg))
   # Leeway for actors and learner running at their own pace: a few learner calls' worth.
-  error_buffer = 10 * items_per_fetch(parts.replay_spec, exp.updates_per_call, agent_cfg.batch_size)
-  return [reverb_replay.make_table(parts.replay_spec, signature, error_buffer)]
+  error_buffer = 10 * items_per_fetch(spec, spec.kind.updates_per_call(exp.updates_per_call), agent_cfg.batch_size)
+  return [reverb_replay.make_table(spec, signature, error_buffer)]
 
 
 def wait_unless_stopped(future):

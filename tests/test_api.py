@@ -18,7 +18,6 @@ from examples.envs import masked_cartpole
 from jrl import dqn, impala, ppo, r2d2, sac
 from jrl.envs import final_observations, make_vector_env
 from jrl.errors import ConfigError
-from jrl.experiment.builder import make_adder
 from jrl.learners.learner import make_multi_update, params_digest
 from jrl.networks import QNetwork
 from jrl.replay.adders import make_block_writer
@@ -246,7 +245,7 @@ def test_local_replay_makes_r2d2_sequences_as_the_runner_does():
   spec = cfg.replay_spec()
   buffer = SeededReplayBuffer(spec, seed=3)
   writer = make_block_writer(spec, buffer)
-  adder = make_adder(spec, 8, cfg)
+  adder = spec.kind.make_adder(8)
   env = make_vector_env(env_id, 8, 0)
   obs, _ = env.reset(seed=0)
   for _ in range(24):

@@ -17,7 +17,7 @@ from jrl.actors.inference import BatchedInference, InferenceClient, encode
 from jrl.actors.variables import VariableClient
 from jrl.agents import dqn, impala, ppo, r2d2
 from jrl.agents.actor_critic import gaussian
-from jrl.experiment.builder import RewardClipAdder, build_agent_parts, example_item, make_adder
+from jrl.experiment.builder import RewardClipAdder, build_agent_parts, example_item
 from jrl.replay.adders import NStepTransitionAdder
 from jrl.replay.local import LocalReplay
 
@@ -116,7 +116,7 @@ def test_uint8_frames_through_actor_adder_reverb_and_the_seeded_buffer():
     learner = parts.agent.make_learner(parts.networks, cfg)
     variables = VariableClient(_Params(learner.params(learner.init(jax.random.PRNGKey(0)))))
     policy = LocalPolicy(parts.agent.make_policy(parts.networks, cfg), variables, jax.random.PRNGKey(1))
-    adder = make_adder(parts.replay_spec, 2, cfg)
+    adder = parts.replay_spec.kind.make_adder(2)
     assert isinstance(adder, RewardClipAdder)
     actor = Actor(env, policy, adder, sink=BlockWriter(writer, cfg.block_size).add)
     for _ in range(150):  # 300 env steps

@@ -1,12 +1,15 @@
 """The device backend's compiled loop: env steps, acting, adding and learning as pure functions.
 
-One *iteration* of the loop is, for off-policy agents (DQN, SAC), one vector
-step of `num_envs` gymnax envs, its n-step transitions into the on-device ring
-buffer, and the learner calls that step makes due (R2D2: the overlapping sequences
-that step completes, with their start core states, counted in sequences); for on-policy agents (PPO,
-IMPALA), rollouts of `sequence_length` steps that fill whole batches of
-trajectories, then one learner call per batch in FIFO order (each trajectory
-used once, as the Reverb queue does). A *chunk* is a `lax.scan` of iterations,
+The agent's item kind (`jrl.replay.kinds`) decides what an *iteration* is, and brings its
+window and ring. For replayed kinds (`Transitions`: DQN, SAC; `ReplayedSequences`: R2D2) it
+is one vector step of `num_envs` gymnax envs, the rows that step completes (n-step
+transitions; R2D2's overlapping sequences with their start core states, counted in
+sequences) into the on-device ring buffer, and the learner calls that step makes due
+(`replay_iteration`); for a `TrajectoryQueue` (PPO, IMPALA), rollouts of `sequence_length`
+steps that fill whole batches of trajectories, then one learner call per batch in FIFO order
+(each trajectory used once, as the Reverb queue does: `rollout_iteration`). Rewards are
+clipped as the kind's `reward_clip` says, where the host's adder clips them; the episode
+returns reported stay the env's own. A *chunk* is a `lax.scan` of iterations,
 compiled once (ahead of time) into one `jax.jit` program; the host runs chunks
 and, between them, only writes metrics, evaluates, saves policies and prints.
 
@@ -37,6 +40,7 @@ from typing import Any, Dict, List, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jrl.agents import get_agent
@@ -47,8 +51,7 @@ from jrl.experiment.builder import AgentParts
 from jrl.experiment.config import ExperimentConfig
 from jrl.learners import sharding
 from jrl.learners.learner import make_multi_update
-from jrl.replay.sequence_adder import START_STATE_KEY, RecurrentSequence
-from jrl.types import LearnerBatch, Trajectory
+from jrl.types import LearnerBatch, Transition
 
 
 class Carry(NamedTuple):
@@ -62,8 +65,8 @@ class Carry(NamedTuple):
   episode_return: jax.Array   # [N] running returns
   episode_length: jax.Array   # [N] int32 running lengths
   learner_calls: jax.Array    # [] int32
-  window: Any                 # NStepWindow (off-policy) or None
-  ring: Any                   # Ring (off-policy) or None
+  window: Any                 # the item kind's window (NStepWindow, SequenceWindow), or None (a queue)
+  ring: Any                   # Ring of its rows, or None (a queue)
 
 
 def build_device_parts(agent_name: str, env: GymnaxVecEnv, agent_cfg) -> AgentParts:
@@ -73,49 +76,36 @@ def build_device_parts(agent_name: str, env: GymnaxVecEnv, agent_cfg) -> AgentPa
 
 
 class Plan(NamedTuple):
-  """The loop's shape: how many env steps an iteration and a chunk take."""
-  on_policy: bool
+  """The loop's shape: how many env steps an iteration and a chunk take (the item kind's
+  `device_layout`)."""
+  kind: Any                 # the agent's item kind (`jrl.replay.kinds`): its window, ring and iteration
   num_envs: int
-  rollouts: int             # rollouts per iteration (on-policy)
-  calls_per_iteration: int  # learner calls per iteration (on-policy)
+  rollouts: int             # rollouts per iteration (a queue's)
+  rollout_length: int       # vector steps per rollout
+  calls_per_iteration: int  # learner calls each iteration makes itself (a queue's)
   iteration_steps: int      # env steps per iteration
   chunk_iterations: int
-  n_step: int               # off-policy: transitions are emitted n - 1 steps late
-  sequence_length: int = 0  # replayed sequences (R2D2): steps per sequence, else 0
-  sequence_period: int = 0  # and steps between the starts of consecutive sequences
-
-  @property
-  def replayed_sequences(self) -> bool:
-    return self.sequence_length > 0
 
   @property
   def chunk_steps(self) -> int:
     return self.iteration_steps * self.chunk_iterations
 
+  @property
+  def vector_steps_per_iteration(self) -> int:
+    return self.iteration_steps // self.num_envs
+
 
 def make_plan(exp: ExperimentConfig, parts: AgentParts, agent_cfg, num_devices: int,
               chunk_steps: Optional[int] = None) -> Plan:
-  spec = parts.replay_spec
+  kind = parts.replay_spec.kind
   n, b = exp.num_envs, agent_cfg.batch_size
   if n % num_devices:
     raise ConfigError("num_envs", f"must be divisible by the {num_devices} learner devices, got {n}")
-  if spec.sequences:
-    if n % b and b % n:
-      raise ConfigError("num_envs", f"and batch_size must divide one another for on-policy agents on the device "
-                                    f"backend (rollouts fill whole batches), got {n} and {b}")
-    rollouts = max(1, b // n)
-    calls = rollouts * n // b
-    iteration = rollouts * n * spec.sequence_length
-    n_step = 1
-  else:
-    device_replay.check_sizes(n, b, num_devices)
-    rollouts, calls, iteration = 1, 0, n
-    # R2D2's n-step targets are the learner's; its sequences leave the window when due.
-    n_step = 1 if spec.replayed_sequences else getattr(agent_cfg, "n_step", 1)
+  layout = kind.device_layout(n, b, num_devices)
   # Metric rows are cut inside a chunk; evaluations need the host. A run ends on a whole chunk.
   target = chunk_steps or min(exp.eval_every, exp.steps)
-  return Plan(spec.sequences, n, rollouts, calls, iteration, max(1, target // iteration), n_step,
-              spec.replay_sequence_length, spec.replay_sequence_period)
+  return Plan(kind, n, layout.rollouts, layout.rollout_length, layout.calls_per_iteration, layout.iteration_steps,
+              max(1, target // layout.iteration_steps))
 
 
 def _env_spec(tree, leading):
@@ -125,17 +115,12 @@ def _env_spec(tree, leading):
 def carry_partition_specs(carry: Carry) -> Carry:
   """Env axis split over the mesh (axis 0 of env leaves, axis 1 of window and ring rows)."""
   env = lambda t: _env_spec(t, ("data",))
-  rows = lambda t: _env_spec(t, (None, "data"))
   rep = lambda t: _env_spec(t, ())
-  if isinstance(carry.window, device_replay.SequenceWindow):
-    window = device_replay.SequenceWindow(rows(carry.window.steps), P())
-  else:
-    window = None if carry.window is None else carry.window._replace(
-        **{f: rows(getattr(carry.window, f)) for f in carry.window._fields if f != "steps"}, steps=P())
-  ring = None if carry.ring is None else device_replay.Ring(
-      rows(carry.ring.data), P(), None if carry.ring.priority is None else P(None, "data"))
+  # Window and ring: rows [n or S, N, ...] split on the env axis, their counters replicated.
+  rows = lambda t: jax.tree_util.tree_map(lambda x: P(None, "data") if len(x.shape) else P(), t)
   return Carry(env(carry.env_state), env(carry.obs), rep(carry.actor_state), rep(carry.learner_state),
-               P(), P(), env(carry.episode_return), env(carry.episode_length), P(), window, ring)
+               P(), P(), env(carry.episode_return), env(carry.episode_length), P(), rows(carry.window),
+               rows(carry.ring))
 
 
 class DeviceLoop:
@@ -148,12 +133,11 @@ class DeviceLoop:
     self.learner = agent.make_learner(parts.networks, agent_cfg)
     self.policy = agent.make_policy(parts.networks, agent_cfg)
     self.eval_policy = agent.make_policy(parts.networks, agent_cfg, evaluation=True)
-    self.spec = parts.replay_spec
+    self.spec, self.kind = parts.replay_spec, plan.kind
     self.batch_size = agent_cfg.batch_size
-    self.updates_per_call = 1 if plan.on_policy else exp.updates_per_call
+    self.updates_per_call = plan.kind.updates_per_call(exp.updates_per_call)
     self.multi_update = make_multi_update(self.learner.update)
     self.gather = device_replay.make_gather(mesh, plan.num_envs)
-    self.gamma = float(getattr(agent_cfg, "discount", 0.99))
     self.metric_keys = self._metric_keys()
     self.env_sharding = NamedSharding(mesh, P("data"))
     self.batch_sharding = NamedSharding(mesh, P(None, "data"))
@@ -176,23 +160,14 @@ class DeviceLoop:
     return jax.eval_shape(self.policy.select_action, params, obs, is_first, state)[1]
 
   def _example_batch(self) -> LearnerBatch:
+    """B rows of the item kind (zeros), as the learner is fed them."""
     spec = self.parts.env_spec
-    obs = jnp.zeros((self.batch_size,) + spec.observation_shape, jnp.float32)
-    act = jnp.zeros((self.batch_size,) + spec.action_shape, spec.action_dtype)
-    scalar = jnp.zeros((self.batch_size,), jnp.float32)
-    if not self.plan.on_policy and not self.plan.replayed_sequences:
-      from jrl.types import Transition
-      return LearnerBatch(Transition(obs, act, scalar, scalar, obs), scalar)
-    extras = self._policy_extras(self.batch_size)
-    t = self.plan.sequence_length or self.spec.sequence_length
-    seq = lambda x: jnp.zeros((x.shape[0], t) + x.shape[1:], x.dtype)
-    if self.plan.replayed_sequences:
-      start = extras[START_STATE_KEY]
-      return LearnerBatch(RecurrentSequence(seq(obs), seq(act), seq(scalar), seq(scalar), seq(scalar), seq(obs),
-                                            jnp.zeros(start.shape, start.dtype)), scalar)
-    traj = Trajectory(seq(obs), seq(act), seq(scalar), seq(scalar), seq(scalar), seq(obs),
-                      {k: seq(v) for k, v in extras.items()})
-    return LearnerBatch(traj, scalar)
+    obs = np.zeros(spec.observation_shape, np.float32)
+    step = Transition(obs, np.zeros(spec.action_shape, spec.action_dtype), np.float32(0), np.float32(0), obs)
+    extras = lambda: {k: np.zeros(v.shape[1:], v.dtype) for k, v in self._policy_extras(self.batch_size).items()}
+    row = self.kind.example_row(step, extras)
+    rows = jax.tree_util.tree_map(lambda x: jnp.zeros((self.batch_size,) + np.shape(x), np.asarray(x).dtype), row)
+    return LearnerBatch(rows, jnp.zeros((self.batch_size,), jnp.float32))
 
   def carry_shardings(self, carry_shape: Carry) -> Carry:
     specs = carry_partition_specs(carry_shape)
@@ -207,21 +182,8 @@ class DeviceLoop:
     n = self.plan.num_envs
     obs, env_state = self.env.reset(reset_key, n)
     learner_state = self.learner.init(learner_key)
-    window = ring = None
-    if self.plan.replayed_sequences:
-      action_example = jnp.zeros((n,) + self.parts.env_spec.action_shape, self.parts.env_spec.action_dtype)
-      start = self._policy_extras(n)[START_STATE_KEY]
-      start_example = jnp.zeros(start.shape, start.dtype)
-      window = device_replay.sequence_window_init(self.plan.sequence_length, obs, action_example, start_example)
-      _, row, _ = device_replay.sequence_window_add(window, obs, action_example, jnp.zeros(n), jnp.zeros(n, bool),
-                                                    jnp.zeros(n, bool), obs, start_example, self.plan.sequence_period)
-      ring = device_replay.ring_init(row, max(1, self.spec.max_size // n), self.spec.prioritized)
-    elif not self.plan.on_policy:
-      action_example = jnp.zeros((n,) + self.parts.env_spec.action_shape, self.parts.env_spec.action_dtype)
-      window = device_replay.window_init(self.plan.n_step, obs, action_example)
-      _, row, _ = device_replay.window_add(window, obs, action_example, jnp.zeros(n), jnp.zeros(n, bool),
-                                           jnp.zeros(n, bool), obs, self.gamma)
-      ring = device_replay.ring_init(row, max(1, self.spec.max_size // n), self.spec.prioritized)
+    action_example = jnp.zeros((n,) + self.parts.env_spec.action_shape, self.parts.env_spec.action_dtype)
+    window, ring = self.kind.device_init(self.spec, obs, action_example, lambda: self._policy_extras(n))
     return Carry(env_state, obs, self.policy.init(actor_key, n), learner_state, env_key, replay_key,
                  jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.int32), jnp.zeros((), jnp.int32), window, ring)
 
@@ -254,16 +216,12 @@ class DeviceLoop:
 
   # Iterations.
 
-  def _off_policy_iteration(self, carry: Carry, calls_due):
+  def replay_iteration(self, carry: Carry, calls_due):
+    """One vector step: its rows into the ring (the item kind's window emits them), then the
+    `calls_due` learner calls, each on U x B rows sampled from the ring."""
     obs = carry.obs
     carry, (action, extras, out), stats = self._act(carry)
-    if self.plan.replayed_sequences:
-      window, row, valid = device_replay.sequence_window_add(
-          carry.window, obs, action, out.reward, out.terminated, out.truncated, out.final_observation,
-          extras[START_STATE_KEY], self.plan.sequence_period)
-    else:
-      window, row, valid = device_replay.window_add(carry.window, obs, action, out.reward, out.terminated,
-                                                    out.truncated, out.final_observation, self.gamma)
+    window, row, valid = self.kind.device_add(carry.window, obs, action, out, extras)
     ring = device_replay.ring_insert(carry.ring, row, valid)
     carry = carry._replace(window=window, ring=ring)
     lead = (self.updates_per_call, self.batch_size)
@@ -291,17 +249,17 @@ class DeviceLoop:
     carry = carry._replace(learner_state=learner_state, learner_calls=calls, ring=ring._replace(priority=priority))
     return carry, {**stats, "calls": calls_due.astype(jnp.int32), **totals}
 
-  def _on_policy_iteration(self, carry: Carry, _):
+  def rollout_iteration(self, carry: Carry, _):
+    """Rollouts of T steps that fill whole batches of trajectories (the item kind's rows), then
+    one learner call per batch in FIFO order (each trajectory used once)."""
     def step(c, _):
       obs = c.obs
       c, (action, extras, out), stats = self._act(c)
-      done = jnp.logical_or(out.terminated, out.truncated)
-      traj = Trajectory(obs, action, out.reward, 1.0 - out.terminated.astype(jnp.float32),
-                        done.astype(jnp.float32), out.final_observation, extras)
+      _, traj, _ = self.kind.device_add(None, obs, action, out, extras)
       return c, (traj, stats)
 
     def rollout(c, _):
-      c, (traj, stats) = jax.lax.scan(step, c, None, length=self.spec.sequence_length)   # [T, N, ...]
+      c, (traj, stats) = jax.lax.scan(step, c, None, length=self.plan.rollout_length)     # [T, N, ...]
       traj = jax.tree_util.tree_map(lambda x: jnp.swapaxes(x, 0, 1), traj)                 # [N, T, ...]
       return c, (traj, jax.tree_util.tree_map(jnp.sum, stats))
 
@@ -322,9 +280,9 @@ class DeviceLoop:
     return carry, {**stats, "calls": jnp.asarray(calls, jnp.int32), **totals}
 
   def chunk(self, carry: Carry, calls_due: jax.Array):
-    """`chunk_iterations` iterations; `calls_due[i]`: learner calls due at iteration i (off-policy)."""
-    iteration = self._on_policy_iteration if self.plan.on_policy else self._off_policy_iteration
-    return jax.lax.scan(iteration, carry, calls_due)
+    """`chunk_iterations` iterations (the item kind's `device_iteration`); `calls_due[i]`: learner
+    calls due at iteration i (replay kinds)."""
+    return jax.lax.scan(self.kind.device_iteration(self), carry, calls_due)
 
   def evaluate(self, params, key):
     return evaluate_episodes(self.env, self.eval_policy, params, key, self.exp.eval_episodes)

@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jrl import jit_cache
-from jrl.device import replay as device_replay
 from jrl.device.envs import GymnaxVecEnv, reward_threshold
 from jrl.device.loop import Carry, DeviceLoop, build_device_parts, evaluation_key, make_plan
 from jrl.errors import ConfigError
@@ -29,7 +28,6 @@ from jrl.experiment.logging import Progress, metric_log_positions, open_metric_l
 from jrl.learners import sharding
 from jrl.learners.learner import params_digest
 from jrl.policies import save_policy
-from jrl.replay.local import calls_due
 
 ROLES = ("actor", "learner", "evaluator")
 COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
@@ -222,17 +220,10 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
     save_policy(run_dir, "latest", jax.device_get(get_params(carry)), snapshot_info())
 
   def chunk_schedule() -> np.ndarray:
-    """Learner calls due at each iteration of the next chunk (off-policy; exact integers)."""
-    if plan.on_policy:
-      return np.zeros(plan.chunk_iterations, np.int32)
-    lag = plan.n_step - 1
-    written = lambda steps: max(0, steps - lag) * plan.num_envs
-    if plan.replayed_sequences:  # counted in sequences, as the host counts R2D2's items
-      written = lambda steps: device_replay.sequences_written(steps, plan.num_envs, plan.sequence_length,
-                                                              plan.sequence_period)
-    owed = [calls_due(written(host.vector_steps + i), loop.spec, samples_per_call)
-            for i in range(plan.chunk_iterations + 1)]
-    return np.diff(owed).astype(np.int32)
+    """Learner calls due at each iteration of the next chunk, as the item kind schedules them
+    (`ItemKind.device_call_schedule`: replayed rows as the host counts them; exact integers)."""
+    return plan.kind.device_call_schedule(loop.spec, host.vector_steps, plan.chunk_iterations,
+                                          plan.vector_steps_per_iteration, plan.num_envs, samples_per_call)
 
   try:
     while host.env_steps < exp.steps:
@@ -244,7 +235,7 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
       host.loop_seconds += chunk_wall
       chunk_began = elapsed() - chunk_wall
       loop_began = host.loop_seconds - chunk_wall
-      host.vector_steps += plan.chunk_iterations if not plan.on_policy else 0
+      host.vector_steps += plan.chunk_iterations * plan.vector_steps_per_iteration
       for i in range(plan.chunk_iterations):
         host.env_steps += plan.iteration_steps
         for key in host.pending:

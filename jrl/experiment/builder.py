@@ -1,5 +1,6 @@
 """The agent's pieces for an experiment, shared by the embedded runner and distributed nodes."""
 
+import functools
 from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 import jax
@@ -9,11 +10,10 @@ import numpy as np
 from jrl import cpu_jit, envs
 from jrl.agents import get_agent
 from jrl.networks import example_observation
-from jrl.replay.adders import make_step_adder
-from jrl.replay.sequence_adder import START_STATE_KEY, example_sequence
+from jrl.replay.adders import RewardClipAdder  # noqa: F401 - checkpoints pickled actors' adders under this name
 from jrl.replay.spec import ReplaySpec
 from jrl.specs import EnvSpec
-from jrl.types import Trajectory, Transition
+from jrl.types import Transition
 
 
 class AgentParts(NamedTuple):
@@ -76,43 +76,18 @@ def policy_extras_example(parts: AgentParts, agent_cfg) -> Dict[str, np.ndarray]
 
 
 def example_item(parts: AgentParts, agent_cfg) -> Any:
-  """Zeros shaped like one replay item: a block of transitions, or a trajectory."""
+  """Zeros shaped like one replay item, as the agent's item kind stores it (a block of
+  transitions, or a sequence with the policy's extras)."""
   spec = parts.replay_spec
-  step = example_transition(parts.env_spec)
-  if spec.replayed_sequences:
-    start_state = policy_extras_example(parts, agent_cfg)[START_STATE_KEY]
-    return example_sequence(step.observation, step.action, start_state, spec.replay_sequence_length)
-  if not spec.sequences:
-    return Transition(*[np.zeros((spec.block_size,) + np.shape(x), np.asarray(x).dtype) for x in step])
-  t = spec.sequence_length
-  extras = policy_extras_example(parts, agent_cfg)
-  stack = lambda x: np.zeros((t,) + np.shape(x), np.asarray(x).dtype)
-  return Trajectory(stack(step.observation), stack(step.action), stack(np.float32(0)), stack(np.float32(0)),
-                    stack(np.float32(0)), stack(step.next_observation), {k: stack(v) for k, v in extras.items()})
-
-
-class RewardClipAdder:
-  """Clips each step's reward to [-bound, bound] before the wrapped adder sees it (so n-step
-  sums add clipped rewards); the actor's episode returns stay the env's own."""
-
-  def __init__(self, adder, bound: float):
-    self.adder, self.bound = adder, float(bound)
-
-  def add(self, obs, action, reward, *rest, **kwargs):
-    return self.adder.add(obs, action, np.clip(reward, -self.bound, self.bound).astype(np.float32), *rest, **kwargs)
-
-
-def make_adder(spec: ReplaySpec, num_envs: int, agent_cfg):
-  """The agent's adder; with the agent's `reward_clip` > 0 (e.g. 1 for Atari), behind a `RewardClipAdder`."""
-  adder = make_step_adder(spec, num_envs, getattr(agent_cfg, "n_step", 1), agent_cfg.discount)
-  bound = getattr(agent_cfg, "reward_clip", 0.0)
-  return RewardClipAdder(adder, bound) if bound > 0 else adder
+  extras = functools.partial(policy_extras_example, parts, agent_cfg)  # computed only where the kind keeps them
+  return spec.kind.example_item(spec, example_transition(parts.env_spec), extras)
 
 
 def make_actor(exp, parts: AgentParts, agent_cfg, policy: Any, seed: int, sink, timer, dispatch_ahead: bool):
   """One process's actor (an embedded run's, or an actor node's): `exp.num_envs` envs, env i
   seeded with `seed + i`, and the adder the agent needs. `policy` is a `BatchedPolicy`, or
-  `(variables, key, timer)` for the agent's own policy in this process. With
+  `(variables, key, timer)` for the agent's own policy in this process. The adders are the
+  agent's item kind's (`ItemKind.make_adder`: n-step folding, reward clipping). With
   `exp.env_groups` > 1 the envs step as that many groups in turn (`GroupedActor`), which
   takes the policy in this process."""
   from jrl.actors.actor import Actor, GroupedActor, GroupedPolicy, LocalPolicy  # the actor shells import jax
@@ -126,9 +101,9 @@ def make_actor(exp, parts: AgentParts, agent_cfg, policy: Any, seed: int, sink, 
       policy = LocalPolicy(policy_fns, variables, key, num_envs=exp.num_envs, timer=policy_timer)
   if groups == 1:
     return Actor(envs.make_vector_env(exp.env, exp.num_envs, seed), policy,
-                 adder=make_adder(parts.replay_spec, exp.num_envs, agent_cfg), sink=sink, timer=timer,
+                 adder=parts.replay_spec.kind.make_adder(exp.num_envs), sink=sink, timer=timer,
                  dispatch_ahead=dispatch_ahead)
   size = exp.num_envs // groups
   return GroupedActor([envs.make_vector_env(exp.env, size, seed + g * size) for g in range(groups)], policy,
-                      [make_adder(parts.replay_spec, size, agent_cfg) for _ in range(groups)], sink=sink,
+                      [parts.replay_spec.kind.make_adder(size) for _ in range(groups)], sink=sink,
                       timer=timer, dispatch_ahead=dispatch_ahead)

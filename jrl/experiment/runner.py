@@ -75,12 +75,13 @@ def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: 
   drawn in the caller's thread), the prefetch thread's timer for Reverb."""
   timer = timer if timer is not None else report.NULL_TIMER
   spec = parts.replay_spec
-  num_items = items_per_fetch(spec, exp.updates_per_call, batch_size)
+  updates = spec.kind.updates_per_call(exp.updates_per_call)
+  num_items = items_per_fetch(spec, updates, batch_size)
 
   if exp.deterministic:
     replay_seed = seeding.env_seed(exp.seed, "replay", exp.process_id)
     rng = np.random.default_rng(replay_seed + 1)
-    assemble_batch = make_assembler(spec, exp.updates_per_call, batch_size, rng)
+    assemble_batch = make_assembler(spec, updates, batch_size, rng)
     buffer = SeededReplayBuffer(spec, seed=replay_seed)
     if restore_from is not None:
       with open(os.path.join(restore_from, SEEDED_REPLAY_FILE), "rb") as f:
@@ -146,10 +147,11 @@ def reverb_batches(address: str, parts, agent_cfg, exp: ExperimentConfig, batch_
   from jrl.replay import reverb_replay
 
   spec = parts.replay_spec
-  sampler = reverb_replay.ReverbItemSampler(address, items_per_fetch(spec, exp.updates_per_call, batch_size),
+  updates = spec.kind.updates_per_call(exp.updates_per_call)
+  sampler = reverb_replay.ReverbItemSampler(address, items_per_fetch(spec, updates, batch_size),
                                             example_item(parts, agent_cfg))
   rng = np.random.default_rng(seeding.env_seed(exp.seed, "replay", exp.process_id) + 1)
-  assemble_batch = make_assembler(spec, exp.updates_per_call, batch_size, rng)
+  assemble_batch = make_assembler(spec, updates, batch_size, rng)
 
   clock = timer if timer is not None else report.NULL_TIMER
 
@@ -175,21 +177,18 @@ class Counts(NamedTuple):
 
 def session_rates(before: Counts, after: Counts, wall: float, batch_size: int, spec) -> Dict[str, Any]:
   """Rates achieved between two counts: env steps and updates per second, and rows sampled
-  per row inserted (transitions once replay holds min_size of them, as the rate limiter
-  counts; whole sequences for on-policy agents)."""
+  per row inserted (the inserts the item kind's ratio counts: transitions once replay holds
+  min_size of them, as the rate limiter counts; every trajectory of an on-policy queue)."""
   wall = max(wall, 1e-9)
   calls = after.calls - before.calls
-  if spec.sequences:
-    sampled, inserted = calls * batch_size, after.rows_written - before.rows_written
-  else:
-    sampled = (after.updates - before.updates) * batch_size
-    inserted = after.rows_written - max(before.rows_written, spec.min_size)
+  sampled = (after.updates - before.updates) * batch_size
+  inserted = spec.kind.counted_inserts(before.rows_written, after.rows_written, spec.min_size)
   return {
       "env_steps_per_second": (after.env_steps - before.env_steps) / wall,
       "updates_per_second": (after.updates - before.updates) / wall,
       "learner_calls_per_second": calls / wall,
       "samples_per_insert": sampled / inserted if inserted > 0 else None,
-      "samples_per_insert_target": 1.0 if spec.sequences else float(spec.samples_per_insert),
+      "samples_per_insert_target": spec.kind.samples_per_insert(spec),
   }
 
 
@@ -286,29 +285,23 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
     block_writer.restore(saved["block_writer"])
     evaluator.restore(saved["evaluator"])
     positions = saved["positions"]
-    if replay_spec.sequences and replay.kind == "reverb":
-      # Trajectories the sampler had taken from the queue but not yet trained on are gone.
-      expected = block_writer.transitions_written - loop.lost_sequences - learner.version * local_batch_size
-      loop.lost_sequences += max(0, expected - replay.table_size())
+    if replay.kind == "reverb":  # a queue's trajectories the sampler had taken but not trained on are gone
+      loop.lost_sequences += replay_spec.kind.items_lost_on_resume(
+          block_writer.transitions_written - loop.lost_sequences, learner.version * local_batch_size,
+          replay.table_size)
 
   # A resumed run drops what was logged after its checkpoint (everything, without one).
   tb, loggers = open_metric_logs(run_dir, ROLES, positions if exp.resume else None)
   progress = Progress(f"{exp.agent} {exp.env} s{exp.seed}", exp.progress_seconds)
-  samples_per_call = exp.updates_per_call * local_batch_size
+  samples_per_call = replay_spec.kind.updates_per_call(exp.updates_per_call) * local_batch_size
   schedule = CheckpointSchedule(exp.checkpoint_every_steps, exp.checkpoint_every_seconds, actor.env_steps)
 
-  # Transitions the adder and block writer may still hold back (open n-step windows, a
-  # partial block). Calls are due by env steps less this margin, rows sure to be in replay,
-  # so every learner process of a multi-process run makes the same calls.
-  held_back = exp.num_envs * (getattr(agent_cfg, "n_step", 1) - 1) + replay_spec.block_size - 1
-
   def calls_owed() -> int:
-    """Learner calls due: one per batch of sequences written (on-policy), or enough to keep
-    transitions sampled at samples_per_insert x inserted."""
-    if replay_spec.sequences:
-      return calls_due(block_writer.transitions_written - loop.lost_sequences, replay_spec, local_batch_size)
-    # Replayed sequences (R2D2) are counted as the items they are, one per sequence written.
-    rows = block_writer.transitions_written if replay_spec.replayed_sequences else actor.env_steps - held_back
+    """Learner calls due by the rows the item kind schedules by (`ItemKind.rows_scheduled`): one
+    per batch of trajectories written (on-policy), or enough to keep rows sampled at
+    samples_per_insert x inserted (transitions: env steps less those the adder may hold back)."""
+    rows = replay_spec.kind.rows_scheduled(replay_spec, block_writer.transitions_written - loop.lost_sequences,
+                                           actor.env_steps, exp.num_envs)
     return calls_due(rows, replay_spec, samples_per_call)
 
   start = time.monotonic()

@@ -1,8 +1,10 @@
 """Adders: turn a vector env's steps into n-step transitions and replay blocks.
 
 Pure numpy and independent of the replay backend: `NStepTransitionAdder`
-emits transitions, `BlockWriter` groups them into fixed-size items for any
-writer with `insert(block, priority)`.
+emits transitions, `SequenceAdder` trajectories, `RewardClipAdder` clips rewards
+before either sees them, and `BlockWriter` groups rows into fixed-size items for any
+writer with `insert(block, priority)`. Which of them a run uses is its item kind's
+choice (`jrl.replay.kinds`).
 """
 
 from typing import Any, Dict, List, Optional, Protocol
@@ -10,7 +12,6 @@ from typing import Any, Dict, List, Optional, Protocol
 import jax
 import numpy as np
 
-from jrl.replay.sequence_adder import OverlappingSequenceAdder
 from jrl.types import Trajectory, Transition
 
 
@@ -208,19 +209,18 @@ class BlockWriter:
     self.transitions_written = state["written"]
 
 
-def make_step_adder(spec, num_envs: int, n_step: int = 1, discount: float = 0.99):
-  """The adder a replay spec's items need (`spec` a `jrl.replay.spec.ReplaySpec`): whole
-  sequences [T] with `spec.sequences`, overlapping sequences with their start state with
-  `spec.replayed_sequences` (R2D2), else n-step transitions."""
-  if spec.sequences:
-    return SequenceAdder(num_envs, spec.sequence_length)
-  if spec.replayed_sequences:
-    return OverlappingSequenceAdder(num_envs, spec.replay_sequence_length, spec.replay_sequence_period)
-  return NStepTransitionAdder(num_envs, n_step, discount)
+class RewardClipAdder:
+  """Clips each step's reward to [-bound, bound] before the wrapped adder sees it (so n-step
+  sums add clipped rewards); the actor's episode returns stay the env's own."""
+
+  def __init__(self, adder, bound: float):
+    self.adder, self.bound = adder, float(bound)
+
+  def add(self, obs, action, reward, *rest, **kwargs):
+    return self.adder.add(obs, action, np.clip(reward, -self.bound, self.bound).astype(np.float32), *rest, **kwargs)
 
 
 def make_block_writer(spec, writer: ItemWriter) -> BlockWriter:
-  """Items as the spec stores them: one sequence per item, else blocks of `spec.block_size` transitions."""
-  if spec.sequences or spec.replayed_sequences:
-    return BlockWriter(writer, 1, squeeze=True)
-  return BlockWriter(writer, spec.block_size)
+  """Items as the spec's item kind stores them (`spec` a `jrl.replay.spec.ReplaySpec`): blocks of
+  `spec.block_size` transitions, or one sequence per item."""
+  return spec.kind.make_block_writer(spec, writer)

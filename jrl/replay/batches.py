@@ -12,17 +12,24 @@ probability, and each batch mixes transitions from about min(N, B) items.
 import math
 import queue
 import threading
-from typing import Callable, Dict, Iterator, NamedTuple, Optional
+from typing import Any, Callable, Dict, Iterator, NamedTuple, Optional
 
 import jax
 import numpy as np
 
 from jrl.experiment.report import QUEUE_WAIT
-from jrl.replay.buffer import SampledItems
 from jrl.types import LearnerBatch, Transition
 
 # R2D2's mixture of max and mean for the priority of a multi-transition item.
 PRIORITY_MAX_WEIGHT = 0.9
+
+
+class SampledItems(NamedTuple):
+  """Items as a replay (the seeded buffer, or Reverb) returns them."""
+  keys: np.ndarray           # [N] uint64 item keys, for priority updates
+  probabilities: np.ndarray  # [N] probability with which each item was drawn
+  table_size: int            # items in the table when sampled
+  data: Any                  # Transition [N, block_size, ...] or Trajectory [N, T, ...]
 
 
 class PreparedBatch(NamedTuple):
@@ -59,14 +66,6 @@ def assemble(sampled: SampledItems, updates_per_call: int, batch_size: int,
   return PreparedBatch(LearnerBatch(transitions, weights), sampled.keys, item_index)
 
 
-def assemble_sequences(sampled: SampledItems, batch_size: int) -> PreparedBatch:
-  """Sequence items as one learner call: leaves [1, B, T, ...] (batch-major, as everywhere:
-  the shell shards axis 1 for every item kind; agents vmap their per-sequence functions over B)."""
-  data = jax.tree_util.tree_map(lambda x: x[None, :batch_size], sampled.data)
-  return PreparedBatch(LearnerBatch(data, np.ones((1, batch_size), np.float32)), sampled.keys[:batch_size],
-                       np.arange(batch_size)[None])
-
-
 def assemble_sequence_batches(sampled: SampledItems, updates_per_call: int, batch_size: int,
                               importance_exponent: Optional[float]):
   """U x B sampled sequences as one learner call: leaves [U, B, T, ...] (batch-major, as the
@@ -89,22 +88,15 @@ def assemble_sequence_batches(sampled: SampledItems, updates_per_call: int, batc
 
 
 def items_per_fetch(spec, updates_per_call: int, batch_size: int) -> int:
-  """Items one learner call consumes (`spec` a `jrl.replay.spec.ReplaySpec`): U x B replayed
-  sequences (R2D2), B on-policy sequences, or enough transition blocks for U x B transitions."""
-  if spec.replayed_sequences:
-    return updates_per_call * batch_size
-  return batch_size if spec.sequences else items_per_call(updates_per_call, batch_size, spec.block_size)
+  """Items one learner call consumes (`spec` a `jrl.replay.spec.ReplaySpec`), as its item kind
+  says: enough transition blocks for U x B transitions, or U x B sequences."""
+  return spec.kind.items_per_fetch(spec, updates_per_call, batch_size)
 
 
 def make_assembler(spec, updates_per_call: int, batch_size: int,
                    rng: np.random.Generator) -> Callable[[SampledItems], PreparedBatch]:
-  """Sampled items (`items_per_fetch` of them) -> one learner call's PreparedBatch, as the spec's items need."""
-  if spec.sequences:
-    return lambda sampled: assemble_sequences(sampled, batch_size)
-  importance = spec.importance_exponent if spec.prioritized else None
-  if spec.replayed_sequences:
-    return lambda sampled: assemble_sequence_batches(sampled, updates_per_call, batch_size, importance)
-  return lambda sampled: assemble(sampled, updates_per_call, batch_size, importance, rng)
+  """Sampled items (`items_per_fetch` of them) -> one learner call's PreparedBatch, as the spec's item kind says."""
+  return spec.kind.make_assembler(spec, updates_per_call, batch_size, rng)
 
 
 def item_priorities(td_abs: np.ndarray, item_keys: np.ndarray, item_index: np.ndarray) -> Dict[int, float]:

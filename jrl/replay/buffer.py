@@ -6,27 +6,23 @@ first-in first-out; sampling is uniform or prioritized (p_i^alpha / sum p^alpha)
 as Reverb's Uniform and Prioritized samplers do.
 """
 
-from typing import Any, Dict, NamedTuple, Optional
+from typing import Any, Dict, Optional
 
 import jax
 import numpy as np
 
+from jrl.replay.batches import SampledItems
 from jrl.replay.spec import ReplaySpec
 
 
-class SampledItems(NamedTuple):
-  keys: np.ndarray           # [N] uint64 item keys, for priority updates
-  probabilities: np.ndarray  # [N] probability with which each item was drawn
-  table_size: int            # items in the table when sampled
-  data: Any                  # Transition [N, block_size, ...] or Trajectory [N, T, ...]
-
-
 class SeededReplayBuffer:
-  """FIFO item storage with seeded uniform or prioritized sampling; for sequences
-  (`spec.sequences`) a queue: the oldest items, each sampled once."""
+  """FIFO item storage with seeded uniform or prioritized sampling; for an item kind sampled
+  once (`TrajectoryQueue`) a queue: the oldest items, each sampled once. `queue` False keeps
+  sampled items of such a kind too (to measure sampling, as `launch.advise` does)."""
 
-  def __init__(self, spec: ReplaySpec, seed: int):
+  def __init__(self, spec: ReplaySpec, seed: int, queue: Optional[bool] = None):
     self._spec = spec
+    self._queue = spec.kind.sampled_once if queue is None else queue
     self._capacity = spec.max_items
     self._rng = np.random.default_rng(seed)
     self._storage: Optional[Any] = None
@@ -45,7 +41,7 @@ class SeededReplayBuffer:
   def insert(self, block: Any, priority: float) -> None:
     if self._storage is None:
       self._storage = jax.tree_util.tree_map(lambda x: np.zeros((self._capacity,) + x.shape, x.dtype), block)
-    if self._spec.sequences and self._inserted - self._consumed >= self._capacity:
+    if self._queue and self._inserted - self._consumed >= self._capacity:
       raise RuntimeError(f"replay queue is full ({self._capacity} items): the learner is not keeping up")
     slot = self._inserted % self._capacity
     for store, x in zip(jax.tree_util.tree_leaves(self._storage), jax.tree_util.tree_leaves(block)):
@@ -54,7 +50,7 @@ class SeededReplayBuffer:
     self._inserted += 1
 
   def sample(self, num_items: int) -> SampledItems:
-    if self._spec.sequences:
+    if self._queue:
       return self._pop(num_items)
     size = self.size
     if size < self._spec.min_items:
@@ -82,7 +78,7 @@ class SeededReplayBuffer:
 
   def state(self) -> Dict[str, Any]:
     """Contents, counters and the sampling RNG: a restored buffer samples what this one would."""
-    return {k: v for k, v in vars(self).items() if k != "_spec"}
+    return {k: v for k, v in vars(self).items() if k not in ("_spec", "_queue")}
 
   def restore(self, state: Dict[str, Any]) -> None:
     vars(self).update(state)

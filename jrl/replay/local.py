@@ -12,6 +12,7 @@ schedule of updates, in this process.
 """
 
 import copy
+import dataclasses
 from typing import Any, Dict, Optional
 
 import gymnasium as gym
@@ -19,26 +20,22 @@ import numpy as np
 
 from jrl.envs import check_same_step_autoreset, final_observations
 from jrl.errors import ConfigError
-from jrl.replay.adders import make_block_writer, make_step_adder
-from jrl.replay.batches import (PreparedBatch, assemble_sequence_batches, item_priorities, items_per_fetch,
-                                make_assembler)
+from jrl.replay.adders import make_block_writer
+from jrl.replay.batches import PreparedBatch, item_priorities, items_per_fetch, make_assembler
 from jrl.replay.buffer import SeededReplayBuffer
+from jrl.replay.kinds import Transitions
 from jrl.replay.spec import ReplaySpec
 from jrl.types import LearnerBatch
 
 
 def calls_due(rows: int, spec: ReplaySpec, samples_per_call: int) -> int:
-  """Learner calls owed, in total, once `rows` rows are in replay.
-
-  Sequences (on-policy): one call per `samples_per_call` sequences written. Transitions: none
-  below `spec.min_size`, then one, and one more for every `samples_per_call` samples that
-  `samples_per_insert` x (rows - min_size) allows (the ratio Reverb's rate limiter keeps).
+  """Learner calls owed, in total, once `rows` rows are in replay (the spec's item kind's
+  `calls_due`). A trajectory queue: one call per `samples_per_call` trajectories written.
+  Transitions and replayed sequences: none below `spec.min_size`, then one, and one more for
+  every `samples_per_call` samples that `samples_per_insert` x (rows - min_size) allows (the
+  ratio Reverb's rate limiter keeps).
   """
-  if spec.sequences:
-    return rows // samples_per_call
-  if rows < spec.min_size:
-    return 0
-  return int((rows - spec.min_size) * spec.samples_per_insert // samples_per_call) + 1
+  return spec.kind.calls_due(spec, rows, samples_per_call)
 
 
 class LocalReplay:
@@ -48,35 +45,38 @@ class LocalReplay:
   observations itself, so the env must autoreset in the SAME step (`jrl.envs.make_vector_env`
   does; pass `env` to have it checked at once, else the first episode end without
   `info["final_obs"]` is refused, before any transition across it is written).
-  Transitions are n-step (`n_step`, `discount`: sum_{k<n} gamma^k r, gamma^n or 0 at
-  termination); with `spec.sequences` items are trajectories [T] of `spec.sequence_length`;
-  with `spec.replayed_sequences` (R2D2) overlapping sequences that start with the policy's
-  core state, which `add` takes from `extras[START_STATE_KEY]`.
+  What is stored is the spec's item kind (`jrl.replay.kinds`), rewards clipped as it says:
+  n-step `Transitions` (sum_{k<n} gamma^k r, gamma^n or 0 at termination; `n_step` and
+  `discount`, where given, replace the kind's), a `TrajectoryQueue` of trajectories [T], or
+  `ReplayedSequences` (R2D2) that start with the policy's core state, which `add` takes from
+  `extras[START_STATE_KEY]`.
   """
 
-  def __init__(self, spec: ReplaySpec, num_envs: int, seed: int, *, batch_size: int, n_step: int = 1,
-               discount: float = 0.99, env: Optional[gym.vector.VectorEnv] = None):
+  def __init__(self, spec: ReplaySpec, num_envs: int, seed: int, *, batch_size: int, n_step: Optional[int] = None,
+               discount: Optional[float] = None, env: Optional[gym.vector.VectorEnv] = None):
     if batch_size <= 0:
       raise ConfigError("batch_size", f"must be > 0, got {batch_size}")
     if env is not None:
       check_same_step_autoreset(env)
       if env.num_envs != num_envs:
         raise ConfigError("num_envs", f"the env steps {env.num_envs} envs, got num_envs={num_envs}")
+    folding = {k: v for k, v in (("n_step", n_step), ("discount", discount)) if v is not None}
+    if folding and isinstance(spec.kind, Transitions):  # the keywords from before item kinds
+      spec = dataclasses.replace(spec, kind=dataclasses.replace(spec.kind, **folding))
     self.spec = spec
     self.num_envs = num_envs
     self.batch_size = batch_size
     self._buffer = SeededReplayBuffer(spec, seed)
     self._rng = np.random.default_rng(seed + 1)  # deals sampled transitions into batches
-    self._adder: Any = make_step_adder(spec, num_envs, n_step, discount)
+    self._adder: Any = spec.kind.make_adder(num_envs)
     self._writer = make_block_writer(spec, self._buffer)
     self.updates_sampled = 0
     self._last: Optional[PreparedBatch] = None
 
   @classmethod
   def for_agent(cls, cfg: Any, num_envs: int, seed: int, env: Optional[gym.vector.VectorEnv] = None) -> "LocalReplay":
-    """From an agent config: its `replay_spec()`, `batch_size`, `n_step` (1 if none) and `discount`."""
-    return cls(cfg.replay_spec(), num_envs, seed, batch_size=cfg.batch_size, n_step=getattr(cfg, "n_step", 1),
-               discount=cfg.discount, env=env)
+    """From an agent config: its `replay_spec()` (which names the item kind and its options) and `batch_size`."""
+    return cls(cfg.replay_spec(), num_envs, seed, batch_size=cfg.batch_size, env=env)
 
   @property
   def rows(self) -> int:
@@ -118,11 +118,8 @@ class LocalReplay:
     if updates <= 0:
       raise ValueError(f"updates must be > 0, got {updates}")
     spec, b = self.spec, self.batch_size
-    if spec.sequences:  # U x B on-policy sequences from the queue, each used once, weights 1
-      prepared = assemble_sequence_batches(self._buffer.sample(updates * b), updates, b, None)
-    else:  # transitions dealt from pooled blocks, or replayed sequences (R2D2) as sampled
-      sampled = self._buffer.sample(items_per_fetch(spec, updates, b))
-      prepared = make_assembler(spec, updates, b, self._rng)(sampled)
+    sampled = self._buffer.sample(items_per_fetch(spec, updates, b))
+    prepared = make_assembler(spec, updates, b, self._rng)(sampled)
     self.updates_sampled += updates
     self._last = prepared
     return prepared.batch

@@ -38,14 +38,19 @@ def item_signature(example_item) -> object:
 
 
 def make_table(spec: ReplaySpec, signature, error_buffer_items: float, name: str = TABLE) -> reverb.Table:
-  """A FIFO table of blocks, uniform or prioritized, limited by a sample/insert ratio;
-  or, for sequences, a queue whose items are each sampled once.
+  """The table the spec's item kind stores in: a queue for a kind whose items are each sampled
+  once (`ItemKind.sampled_once`: `TrajectoryQueue`), else `rate_limited_table`."""
+  if spec.kind.sampled_once:
+    return queue_table(spec, signature, name)
+  return rate_limited_table(spec, signature, error_buffer_items, name)
+
+
+def rate_limited_table(spec: ReplaySpec, signature, error_buffer_items: float, name: str = TABLE) -> reverb.Table:
+  """A FIFO table of items, uniform or prioritized, limited by a sample/insert ratio.
 
   Items sampled per item inserted equals transitions sampled per transition
   inserted, so `spec.samples_per_insert` is used as is.
   """
-  if spec.sequences:
-    return reverb.Table.queue(name=name, max_size=spec.max_items, signature=signature)
   sampler = (reverb.selectors.Prioritized(spec.priority_exponent) if spec.prioritized
              else reverb.selectors.Uniform())
   error_buffer = max(float(error_buffer_items), 2.0 * max(1.0, spec.samples_per_insert))
@@ -55,6 +60,11 @@ def make_table(spec: ReplaySpec, signature, error_buffer_items: float, name: str
       error_buffer=error_buffer)
   return reverb.Table(name=name, sampler=sampler, remover=reverb.selectors.Fifo(),
                       max_size=spec.max_items, rate_limiter=limiter, signature=signature)
+
+
+def queue_table(spec: ReplaySpec, signature, name: str = TABLE) -> reverb.Table:
+  """A queue whose items are each sampled once, oldest first."""
+  return reverb.Table.queue(name=name, max_size=spec.max_items, signature=signature)
 
 
 def start_server(tables, port: Optional[int] = None, checkpoint_dir: Optional[str] = None,

@@ -1,45 +1,54 @@
-"""What an agent asks of replay: table kind, item layout and rate limiting."""
+"""What an agent asks of replay: its item kind, and the table's size and rate limiting."""
 
 import dataclasses
+from typing import Optional
 
 from jrl.errors import ConfigError, require_positive
+from jrl.replay.kinds import ItemKind, ReplayedSequences, TrajectoryQueue, Transitions, check_kind, legacy_kind
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False)
 class ReplaySpec:
-  """Replay settings an agent derives from its config.
+  """Replay settings an agent derives from its config: what an item holds (`kind`, a
+  `jrl.replay.kinds.ItemKind`: `Transitions`, `TrajectoryQueue` or `ReplayedSequences`), and
+  the table's size, sampling and rate limiting. The kind decides the rest (adder, items,
+  batches, learner-call schedule, table and device ring).
 
-  Items are blocks of `block_size` transitions: Reverb costs ~150 us per call,
-  so one item per env step caps inserts near 6k/s, while a block amortises the
-  call. Learner batches are drawn from many blocks at once and shuffled across
-  them (see `jrl.replay.batches`), which keeps batches close to i.i.d.
+  Transitions are written as items of `block_size`: Reverb costs ~150 us per call, so one item
+  per env step caps inserts near 6k/s, while a block amortises the call. Learner batches are
+  drawn from many blocks at once and shuffled across them (see `jrl.replay.batches`), which
+  keeps batches close to i.i.d. Sequences are one per item.
+
+  Specs written before item kinds named theirs with `sequence_length` (an on-policy queue) or
+  `replay_sequence_length` and `replay_sequence_period` (R2D2's replayed sequences): those
+  keywords are still taken, and read back (with `sequences` and `replayed_sequences`) from the kind.
   """
-  block_size: int = 8
-  max_size: int = 100_000           # transitions
-  min_size: int = 1_000             # transitions before the learner may sample
-  samples_per_insert: float = 32.0  # transitions sampled per transition inserted
-  prioritized: bool = False
-  priority_exponent: float = 0.6    # alpha
-  importance_exponent: float = 0.4  # beta
-  # On-policy data: items are trajectories of `sequence_length` steps in a FIFO
-  # queue, each sampled once (block_size, samples_per_insert and priorities unused).
-  sequence_length: int = 0          # 0: items are blocks of n-step transitions
-  # Off-policy sequences (R2D2): items are sequences of `replay_sequence_length` steps, one
-  # every `replay_sequence_period` steps of each env (they overlap), with the recurrent state
-  # at their start (`jrl.replay.sequence_adder`); stored and sampled as blocks of one item
-  # (uniform or prioritized, at `samples_per_insert` sequences per sequence inserted).
-  replay_sequence_length: int = 0
-  replay_sequence_period: int = 0
+  block_size: int           # transitions per item
+  max_size: int             # transitions (sequences: sequences)
+  min_size: int             # rows before the learner may sample
+  samples_per_insert: float  # rows sampled per row inserted
+  prioritized: bool
+  priority_exponent: float  # alpha
+  importance_exponent: float  # beta
+  kind: ItemKind            # what an item holds
 
-  @property
-  def sequences(self) -> bool:
-    return self.sequence_length > 0
+  def __init__(self, block_size: int = 8, max_size: int = 100_000, min_size: int = 1_000,
+               samples_per_insert: float = 32.0, prioritized: bool = False, priority_exponent: float = 0.6,
+               importance_exponent: float = 0.4, kind: Optional[ItemKind] = None, *, sequence_length: int = 0,
+               replay_sequence_length: int = 0, replay_sequence_period: int = 0):
+    legacy = legacy_kind(sequence_length, replay_sequence_length, replay_sequence_period)
+    if legacy is not None and kind is not None:
+      raise ConfigError("kind", "name the item kind, or the fields that named it before item kinds "
+                                "(sequence_length, replay_sequence_length), not both")
+    kind = check_kind(legacy or kind or Transitions())
+    for name, value in (("block_size", block_size), ("max_size", max_size), ("min_size", min_size),
+                        ("samples_per_insert", samples_per_insert), ("prioritized", prioritized),
+                        ("priority_exponent", priority_exponent), ("importance_exponent", importance_exponent),
+                        ("kind", kind)):
+      object.__setattr__(self, name, value)
+    self._check()
 
-  @property
-  def replayed_sequences(self) -> bool:
-    return self.replay_sequence_length > 0
-
-  def __post_init__(self):
+  def _check(self) -> None:
     require_positive(self, "block_size", "max_size")
     if self.min_size < self.block_size:
       raise ConfigError("min_replay_size", f"must be >= block_size ({self.block_size}), got {self.min_size}")
@@ -54,3 +63,30 @@ class ReplaySpec:
   @property
   def min_items(self) -> int:
     return max(1, self.min_size // self.block_size)
+
+  # The names from before item kinds, read from the kind.
+
+  @property
+  def sequences(self) -> bool:
+    """Old name: the kind is an on-policy `TrajectoryQueue`."""
+    return isinstance(self.kind, TrajectoryQueue)
+
+  @property
+  def replayed_sequences(self) -> bool:
+    """Old name: the kind is `ReplayedSequences` (R2D2's)."""
+    return isinstance(self.kind, ReplayedSequences)
+
+  @property
+  def sequence_length(self) -> int:
+    """Old name: a trajectory queue's `sequence_length`, else 0."""
+    return self.kind.sequence_length if self.sequences else 0
+
+  @property
+  def replay_sequence_length(self) -> int:
+    """Old name: replayed sequences' `sequence_length`, else 0."""
+    return self.kind.sequence_length if self.replayed_sequences else 0
+
+  @property
+  def replay_sequence_period(self) -> int:
+    """Old name: replayed sequences' `sequence_period`, else 0."""
+    return self.kind.sequence_period if self.replayed_sequences else 0

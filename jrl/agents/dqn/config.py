@@ -5,6 +5,7 @@ from typing import Tuple
 
 from jrl.errors import require_positive, require_unit_interval
 from jrl.networks import check_network_fields
+from jrl.replay.kinds import Transitions
 from jrl.replay.spec import ReplaySpec
 
 
@@ -45,15 +46,17 @@ class Config:
   importance_exponent: float = 0.4
 
   def __post_init__(self):
-    require_positive(self, "n_step", "batch_size", "learning_rate", "target_update_period",
+    require_positive(self, "batch_size", "learning_rate", "target_update_period",
                      "epsilon_decay_steps", "max_grad_norm", "huber_delta", "block_size")
-    require_unit_interval(self, "discount", "target_update_tau", "epsilon_init", "epsilon_final", "eval_epsilon",
+    require_unit_interval(self, "target_update_tau", "epsilon_init", "epsilon_final", "eval_epsilon",
                           "priority_exponent", "importance_exponent")
-    check_network_fields(self)
-    self.replay_spec()  # validates the replay fields
+    check_network_fields(self.hidden_sizes, self.torso)
+    self.replay_spec()  # validates the replay fields (n_step, discount and reward_clip: the item kind's)
 
   def replay_spec(self) -> ReplaySpec:
-    return ReplaySpec(block_size=self.block_size, max_size=self.max_replay_size,
+    """n-step transitions in blocks, clipped as `reward_clip` says."""
+    kind = Transitions(n_step=self.n_step, discount=self.discount, reward_clip=self.reward_clip)
+    return ReplaySpec(kind=kind, block_size=self.block_size, max_size=self.max_replay_size,
                       min_size=self.min_replay_size, samples_per_insert=self.samples_per_insert,
                       prioritized=self.prioritized, priority_exponent=self.priority_exponent,
                       importance_exponent=self.importance_exponent)

@@ -3,8 +3,9 @@
 import dataclasses
 from typing import Tuple
 
-from jrl.errors import ConfigError, require_non_negative, require_positive, require_unit_interval
+from jrl.errors import require_positive, require_unit_interval
 from jrl.networks import check_network_fields
+from jrl.replay.kinds import ReplayedSequences
 from jrl.replay.spec import ReplaySpec
 
 
@@ -49,21 +50,18 @@ class Config:
   importance_exponent: float = 0.6
 
   def __post_init__(self):
-    require_positive(self, "sequence_length", "sequence_period", "n_step", "batch_size", "learning_rate", "adam_eps",
-                     "target_update_period", "epsilon_decay_steps", "max_grad_norm", "lstm_size")
-    require_non_negative(self, "burn_in")
-    if self.sequence_length <= self.burn_in:
-      raise ConfigError("sequence_length", f"must be > burn_in ({self.burn_in}), got {self.sequence_length}")
-    if self.sequence_period > self.sequence_length:
-      raise ConfigError("sequence_period", f"must be <= sequence_length ({self.sequence_length}), "
-                                           f"got {self.sequence_period}")
+    require_positive(self, "n_step", "batch_size", "learning_rate", "adam_eps", "target_update_period",
+                     "epsilon_decay_steps", "max_grad_norm", "lstm_size")
+    # The item kind's first: the learner's unroll needs sequences longer than their burn-in.
+    self.replay_spec()  # validates the replay fields (sequence_length, sequence_period, burn_in: the kind's)
     require_unit_interval(self, "discount", "priority_max_weight", "epsilon_init", "epsilon_final", "eval_epsilon",
                           "priority_exponent", "importance_exponent")
-    check_network_fields(self)
-    self.replay_spec()  # validates the replay fields
+    check_network_fields(self.hidden_sizes, self.torso)
 
   def replay_spec(self) -> ReplaySpec:
-    return ReplaySpec(block_size=1, max_size=self.max_replay_size, min_size=self.min_replay_size,
+    """Overlapping sequences with their start core states, sampled by priority, counted in sequences."""
+    kind = ReplayedSequences(sequence_length=self.sequence_length, sequence_period=self.sequence_period,
+                             burn_in=self.burn_in)
+    return ReplaySpec(kind=kind, block_size=1, max_size=self.max_replay_size, min_size=self.min_replay_size,
                       samples_per_insert=self.samples_per_insert, prioritized=self.prioritized,
-                      priority_exponent=self.priority_exponent, importance_exponent=self.importance_exponent,
-                      replay_sequence_length=self.sequence_length, replay_sequence_period=self.sequence_period)
+                      priority_exponent=self.priority_exponent, importance_exponent=self.importance_exponent)

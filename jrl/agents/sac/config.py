@@ -5,6 +5,7 @@ from typing import Optional, Tuple
 
 from jrl.errors import ConfigError, require_positive, require_unit_interval
 from jrl.networks import check_network_fields
+from jrl.replay.kinds import Transitions
 from jrl.replay.spec import ReplaySpec
 
 
@@ -33,14 +34,16 @@ class Config:
   block_size: int = 8               # transitions per replay item
 
   def __post_init__(self):
-    require_positive(self, "n_step", "actor_learning_rate", "critic_learning_rate", "temperature_learning_rate",
+    require_positive(self, "actor_learning_rate", "critic_learning_rate", "temperature_learning_rate",
                      "initial_temperature", "batch_size", "block_size")
-    require_unit_interval(self, "discount", "tau")
-    check_network_fields(self)
+    require_unit_interval(self, "tau")
+    check_network_fields(self.hidden_sizes)
     if self.log_std_min >= self.log_std_max:
       raise ConfigError("log_std_min", f"must be < log_std_max ({self.log_std_max}), got {self.log_std_min}")
-    self.replay_spec()
+    self.replay_spec()  # validates the replay fields (n_step and discount: the item kind's)
 
   def replay_spec(self) -> ReplaySpec:
-    return ReplaySpec(block_size=self.block_size, max_size=self.max_replay_size, min_size=self.min_replay_size,
+    """n-step transitions in blocks."""
+    return ReplaySpec(kind=Transitions(n_step=self.n_step, discount=self.discount), block_size=self.block_size,
+                      max_size=self.max_replay_size, min_size=self.min_replay_size,
                       samples_per_insert=self.samples_per_insert)
