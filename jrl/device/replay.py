@@ -9,10 +9,13 @@ from jax.experimental.shard_map import shard_map
 from jax.sharding import Mesh, PartitionSpec as P
 
 from jrl.learners.sharding import DATA_AXIS
-from jrl.replay.on_device import (INITIAL_PRIORITY, NStepWindow, Ring, SequenceWindow, check_sizes,  # noqa: F401
-                                  ring_init, ring_insert, sample_indices, sample_prioritized, sequence_window_add,
-                                  sequence_window_init, sequences_written, update_priorities, window_add,
-                                  window_init)
+from jrl.replay.on_device import (INITIAL_PRIORITY, NStepWindow, Ring, SequenceWindow, check_sizes, ring_init,
+                                  ring_insert, sample_indices, sample_prioritized, sequence_window_add,
+                                  sequence_window_init, sequences_written, update_priorities, window_add, window_init)
+
+__all__ = ["INITIAL_PRIORITY", "NStepWindow", "Ring", "SequenceWindow", "check_sizes", "make_gather", "ring_init",
+           "ring_insert", "sample_indices", "sample_prioritized", "sequence_window_add", "sequence_window_init",
+           "sequences_written", "update_priorities", "window_add", "window_init"]
 
 
 def make_gather(mesh: Mesh, num_envs: int):
