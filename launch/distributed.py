@@ -36,7 +36,7 @@ from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import SUMMARY_FILE, prepare_run_dir, resolve_paths, write_json
 from jrl.experiment.logging import cut_rows
 from jrl.experiment.runner import REVERB_REPLAY_DIR
-from launch import cluster, loopback, nodes, supervisor
+from launch import cluster, liveness, loopback, nodes, supervisor
 
 # Nodes that hold no state others depend on: restarted when they fail.
 RESTARTABLE_GROUPS = ("actor", "evaluator", "inference")
@@ -115,11 +115,11 @@ class _ProgressEcho(threading.Thread):
 
   def __init__(self, path: str):
     super().__init__(daemon=True)
-    self._path, self._stop = path, threading.Event()
+    self._path, self._halt = path, threading.Event()
 
   def run(self):
     position = 0
-    while not self._stop.wait(0.5):
+    while not self._halt.wait(0.5):
       if not os.path.exists(self._path):
         continue
       with open(self._path, errors="replace") as f:
@@ -131,7 +131,7 @@ class _ProgressEcho(threading.Thread):
           print(line, flush=True)
 
   def stop(self):
-    self._stop.set()
+    self._halt.set()
 
 
 def prepare_session(exp: ExperimentConfig, agent_cfg) -> Tuple[nodes.Session, Optional[Dict[str, Any]]]:
@@ -327,10 +327,11 @@ def launch_program(built: BuiltProgram) -> Dict[str, Any]:
   run_dir, log_dir = session.run_dir, os.path.join(session.run_dir, "logs")
   policy = supervisor.RestartPolicy(RESTARTABLE_GROUPS, exp.max_restarts, exp.restart_backoff_seconds)
   echo = _ProgressEcho(os.path.join(log_dir, "evaluator", "0"))
+  lost: Dict[str, Any] = {}
   if placement is not None:
     echo.start()
     try:
-      cluster.launch_on_hosts(exp, program, run_dir, placement, dataclasses.asdict(policy))
+      lost = cluster.launch_on_hosts(exp, program, run_dir, placement, dataclasses.asdict(policy))
     finally:
       echo.stop()
   elif exp.lp_launch_type == "local_mp":
@@ -348,7 +349,8 @@ def launch_program(built: BuiltProgram) -> Dict[str, Any]:
   with open(summary_path) as f:
     summary = json.load(f)
   restarts = restart_counts(run_dir)
-  summary.update(restarts=restarts, restarts_total=sum(restarts.values()))
+  summary.update(restarts=restarts, restarts_total=sum(restarts.values()),
+                 lost_hosts=sorted(lost), lost_nodes=liveness.lost_nodes(lost))
   # One machine's cores are the budget of a local launch; hosts of a cluster each have theirs.
   result = write_run_report(run_dir, session, exp, agent_cfg, summary, os.cpu_count() if placement is None else None)
   write_json(summary_path, summary)

@@ -48,6 +48,7 @@ from jrl.outage import Outage, ServiceLost
 from jrl.replay import reverb_replay
 from jrl.replay.adders import make_block_writer
 from jrl.replay.batches import items_per_fetch
+from launch import liveness
 from launch.supervisor import INCARNATION_ENV, RUN_DIR_ENV
 
 # Node processes import this module before they make any array: their loops all wait for
@@ -667,14 +668,16 @@ class EvaluatorNode:
                      "eval_episodes": exp.eval_episodes}
         logger.write({"actor_steps": actor_steps, "learner_steps": counts.get("learner_steps", 0.0),
                       "learner_version": version, **{k: v for k, v in row.items() if k != "is_best"},
+                      "lost_nodes": len(liveness.lost_nodes(liveness.read_lost(run_dir))),
                       "wall_seconds": counts.get("wall_seconds", 0.0)})
         if row["is_best"]:
           save_policy(run_dir, "best", params, last_eval)
       elapsed = max(counts.get("wall_seconds", 0.0), 1e-9)
       latest = history.returns[-1] if history.returns else float("nan")
+      lost = liveness.describe_lost(liveness.read_lost(run_dir))  # hosts the launcher found lost
       progress.maybe_print(f"steps {actor_steps:.0f}/{exp.steps} | {actor_steps / elapsed:.0f} steps/s | "
                            f"updates {counts.get('learner_steps', 0):.0f} | episodes {counts.get('episodes', 0):.0f} | "
-                           f"eval {latest:.1f}", force=done)
+                           f"eval {latest:.1f}" + (f" | lost {lost}" if lost else ""), force=done)
       if done or (exp.stop_at_threshold and history.reached):
         break
     else:

@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jrl import jit_cache
-from jrl.device.envs import GymnaxVecEnv, reward_threshold
 from jrl.device.loop import Carry, DeviceLoop, build_device_parts, evaluation_key, make_plan
 from jrl.errors import ConfigError
 from jrl.experiment import plots
@@ -25,13 +24,13 @@ from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule, FailedWr
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import SUMMARY_FILE, prepare_run_dir, write_json
 from jrl.experiment.logging import Progress, metric_log_positions, open_metric_logs
+from jrl.experiment.snapshots import save_policy
+from jrl.gymnax_envs import GymnaxVecEnv, reward_threshold
 from jrl.learners import sharding
 from jrl.learners.learner import params_digest
-from jrl.policies import save_policy
+from jrl.timing import BACKEND_COMPILE_EVENT, COMPILE_EVENTS
 
 ROLES = ("actor", "learner", "evaluator")
-COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
-                  "/jax/core/compile/backend_compile_duration")
 
 
 class CompileClock:
@@ -50,7 +49,7 @@ class CompileClock:
       end = time.monotonic()
       self._intervals.append((end - duration, end))
       self.by_event[event] = self.by_event.get(event, 0.0) + duration
-      if event == COMPILE_EVENTS[-1]:
+      if event == BACKEND_COMPILE_EVENT:
         self.backend_compiles += 1
 
   @property

@@ -26,7 +26,7 @@ class AgentParts(NamedTuple):
 def env_spec_of(env_id: str) -> EnvSpec:
   """The env's spaces as jrl describes them, from one env made and closed (no JAX arrays)."""
   if env_id.startswith("gymnax:"):  # a device-backend run (e.g. reloading its policy)
-    from jrl.device.envs import env_spec as gymnax_env_spec
+    from jrl.gymnax_envs import env_spec as gymnax_env_spec
     return gymnax_env_spec(env_id)
   probe = envs.make_vector_env(env_id, 1, seed=0)
   spec = envs.env_spec(probe)

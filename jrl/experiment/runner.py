@@ -32,9 +32,9 @@ from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule, FailedWr
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import CHECKPOINTS_DIR, SUMMARY_FILE, write_json
 from jrl.experiment.logging import Progress, metric_log_positions, open_metric_logs
+from jrl.experiment.snapshots import save_policy
 from jrl.learners import distributed, sharding
 from jrl.learners.learner import Learner, params_digest
-from jrl.policies import save_policy
 from jrl.replay.adders import make_block_writer
 from jrl.replay.batches import PrefetchIterator, PreparedBatch, items_per_fetch, make_assembler
 from jrl.replay.buffer import SeededReplayBuffer

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Iterator, NamedTuple, Optional
 import jax
 import numpy as np
 
-from jrl.experiment.report import QUEUE_WAIT
+from jrl.timing import QUEUE_WAIT
 from jrl.types import LearnerBatch, Transition
 
 # R2D2's mixture of max and mean for the priority of a multi-transition item.
@@ -120,7 +120,7 @@ class PrefetchIterator:
 
   The producer's work (sampling, assembling, device placement) overlaps the
   learner's update. An error in the producer is raised by `__next__`. `timer` (a
-  `jrl.experiment.report.PhaseTimer` of this thread) is started with the thread and
+  `jrl.timing.PhaseTimer` of this thread) is started with the thread and
   charges the waits on a full queue to `queue_wait`; `produce` may time its own phases.
   """
 
