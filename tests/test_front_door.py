@@ -66,7 +66,7 @@ def test_relative_run_dir_through_final_checkpoint_resume_and_evaluate(tmp_path,
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   summary = _finished(run_dir)
   assert summary["resumed"] and summary["actor_steps"] == 2400
-  assert summary["checkpoints"][-1] == "ckpt-000003"
+  assert summary["checkpoints"] == ["ckpt-000002", "ckpt-000003", "ckpt-000004"]  # at 2000 and at its end
 
   out = _run("launch.evaluate", "rel/run", "--which", "final", "--episodes", "2", cwd=tmp_path)
   assert out.returncode == 0, out.stderr[-3000:]
