@@ -214,9 +214,9 @@ def resume_hint(exp, placement: Placement, run_dir: str):
     hosts, groups = liveness.placement_without([h.name for h in placement.hosts], placement.groups, lost)
     if exp.launcher == "template":
       hosts = ",".join(f"{h.name}={h.address}" for h in placement.hosts if h.name not in lost)
-    kept = (f"its last checkpoint is {info.path} ({info.manifest['counters'].get('actor_steps', 0):.0f} env steps)"
-            if info else "it has no checkpoint yet")
-    return (f"The run {kept}; continue it on the other hosts with: python -m launch.train --resume {run_dir} "
+    kept = (f"The run's last checkpoint is {info.path} ({info.manifest['counters'].get('actor_steps', 0):.0f} env "
+            "steps)" if info else "The run has no checkpoint yet")
+    return (f"{kept}; continue it on the other hosts with: python -m launch.train --resume {run_dir} "
             f"--hosts {hosts} --placement '{groups}'")
   return hint
 

@@ -59,6 +59,7 @@ def main(argv) -> int:
   try:
     sup.wait()
   except supervisor.NodeFailure as failure:
+    heartbeat.stop()
     done.set()
     watcher.join()
     if not os.path.exists(multihost.failure_path(run_dir, host)):
@@ -68,6 +69,7 @@ def main(argv) -> int:
     print(f"[host {host}] {failure}", flush=True)
     return 1
   done.set()
+  heartbeat.stop()
   print(f"[host {host}] all nodes ended", flush=True)
   return 0
 

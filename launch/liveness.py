@@ -74,7 +74,10 @@ class Heartbeat(threading.Thread):
         return
 
   def stop(self) -> None:
+    """The agent ends: its last word says so, and a watch does not take the silence for a loss."""
     self._halt.set()
+    self.join(timeout=2 * self._every)
+    write_json(self._path, {"ended": True, "pid": os.getpid(), "time": time.time()})
 
 
 def read_lost(run_dir: str) -> Dict[str, Dict]:
@@ -120,6 +123,8 @@ class HostWatch:
     return any(not record["expendable"] for record in self.lost.values())
 
   def poll(self) -> List[str]:
+    if os.path.exists(multihost.stop_path(self._run_dir)):
+      return []  # the program is stopping: its agents end, and their silence is no loss
     now, newly = self._clock(), []
     for host, (seen, since) in self._last.items():
       if host in self.lost:
@@ -129,6 +134,8 @@ class HostWatch:
           text = f.read()
       except OSError:
         text = None
+      if text is not None and '"ended": true' in text:
+        continue  # its agent ended cleanly
       if text != seen:
         self._last[host] = (text, now)
       elif now - since >= self._deadline:

@@ -73,3 +73,19 @@ def test_placement_without_the_lost_hosts():
   hosts, placement = liveness.placement_without(["node1", "node2", "node3"], groups, ["node1"])
   assert (hosts, placement) == ("node2,node3", "replay=node2 learner=node2 actor=node2,node3")
   assert liveness.placement_without(["a", "b"], {"actor": ["b"]}, ["b"]) == ("a", "actor=a")
+
+
+def test_an_agent_that_ended_or_a_stopping_program_loses_no_host(tmp_path):
+  run_dir, clock = str(tmp_path), Clock()
+  os.makedirs(multihost.launch_dir(run_dir))
+  watch = liveness.HostWatch(run_dir, PLAN, deadline=30, resume_hint=str, log=lambda line: None, clock=clock)
+  beat = liveness.Heartbeat(run_dir, "node2", every=0.05)
+  beat.start()
+  beat.stop()  # its agent ended cleanly: the last word says so
+  assert json.load(open(liveness.alive_path(run_dir, "node2")))["ended"] is True
+  _beat(run_dir, "node1", 0)
+  _beat(run_dir, "node3", 0)
+  watch.poll()
+  multihost.RequestStop(multihost.stop_path(run_dir))()  # the evaluator stopped the program
+  clock.now += 300
+  assert watch.poll() == [] and watch.lost == {}

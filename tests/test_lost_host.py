@@ -93,6 +93,15 @@ def _kill_host(index):
       pass
 
 
+def _no_process_left(run_dir, within=60):
+  """No process of the run on any host, within `within` s: Slurm ends the cancelled job's batch
+  script and its srun clients on the batch host after its KillWait (30 s)."""
+  deadline = time.monotonic() + within
+  while _run_processes(run_dir) and time.monotonic() < deadline:
+    time.sleep(1)
+  return _run_processes(run_dir) == []
+
+
 def _run_processes(run_dir):
   found = []
   for proc in psutil.process_iter(["pid", "cmdline"]):
@@ -124,7 +133,7 @@ def test_an_actor_host_that_dies_is_named_and_the_run_finishes_without_it(slurm,
   stopped = os.path.getmtime(os.path.join(run_dir, "launch", "STOP"))
   assert time.time() - (time.monotonic() - ended) - stopped <= 60, launch.text()
   assert "lost hosts node3 (nodes actor/1, actor/3)" in launch.lines[-1][1], launch.text()
-  assert _run_processes(run_dir) == []
+  assert _no_process_left(run_dir), _run_processes(run_dir)
 
 
 def test_the_learners_host_dies_the_program_stops_and_resumes_elsewhere(slurm, tmp_path):
@@ -141,7 +150,7 @@ def test_the_learners_host_dies_the_program_stops_and_resumes_elsewhere(slurm, t
   assert "continue it on the other hosts with: python -m launch.train --resume" in error, error
   command = error.split("continue it on the other hosts with: ", 1)[1]
   assert "--hosts node2,node3" in command and "node1" not in command.split("--hosts", 1)[1], command
-  assert _run_processes(run_dir) == []
+  assert _no_process_left(run_dir), _run_processes(run_dir)
   resumed = subprocess.run(["bash", "-c", command.replace("python -m", f"{sys.executable} -m")], cwd=ROOT,
                            env=slurm, capture_output=True, text=True, timeout=900)
   assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
