@@ -22,7 +22,7 @@ from launch import liveness, multihost
 from launch.placement import Host, Placement, default_placement, parse_hosts, parse_placement
 
 POLL_SECONDS = 0.5
-EXIT_STATUS_FILE = "exit_status"
+EXIT_STATUS_FILE = multihost.EXIT_STATUS_FILE
 # How long the launcher waits for the job (or the host commands) to end once the program has
 # stopped, before it ends them itself.
 STOP_GRACE_SECONDS = 30.0

@@ -30,8 +30,7 @@ from jrl.experiment.files import write_json
 from launch import multihost
 
 HEARTBEAT_SECONDS = 2.0
-ALIVE_DIR = "alive"
-LOST_FILE = "lost_hosts.json"
+ALIVE_DIR, LOST_FILE = multihost.ALIVE_DIR, multihost.LOST_FILE
 # Groups whose nodes the run can do without: an actor's loss costs throughput, not the run.
 EXPENDABLE_GROUPS = ("actor",)
 _PR_SET_PDEATHSIG = 1

@@ -31,6 +31,10 @@ from launch.placement import Placement
 LAUNCH_DIR = "launch"
 PLAN_FILE = "plan.json"
 STOP_FILE = "STOP"
+# Written during a launch (launch.liveness, launch.cluster), cleared at the next one.
+ALIVE_DIR = "alive"
+LOST_FILE = "lost_hosts.json"
+EXIT_STATUS_FILE = "exit_status"
 
 
 def launch_dir(run_dir: str) -> str:
@@ -43,6 +47,17 @@ def stop_path(run_dir: str) -> str:
 
 def failure_path(run_dir: str, host: str) -> str:
   return os.path.join(launch_dir(run_dir), f"failure-{host}.txt")
+
+
+def clear_launch_state(run_dir: str) -> None:
+  """Removes what an earlier launch of the run left that would end or mislead this one (a resumed
+  run after a stop, a failure or a lost host): the stop file, failure reports, heartbeats, the
+  lost-host record and the job's exit status."""
+  folder = launch_dir(run_dir)
+  for name in os.listdir(folder):
+    if name in (STOP_FILE, LOST_FILE, EXIT_STATUS_FILE) or (name.startswith("failure-") and name.endswith(".txt")):
+      os.remove(os.path.join(folder, name))
+  shutil.rmtree(os.path.join(folder, ALIVE_DIR), ignore_errors=True)
 
 
 class RequestStop:
@@ -72,6 +87,7 @@ def build_plan(program, placement: Placement, run_dir: str, restart: Dict[str, A
   """Binds addresses, writes the node commands and returns the plan (also written to plan.json)."""
   folder = launch_dir(run_dir)
   os.makedirs(folder, exist_ok=True)
+  clear_launch_state(run_dir)
   stopper = RequestStop(stop_path(run_dir))
   for label, nodes in program.groups.items():
     for node in nodes:

@@ -133,6 +133,7 @@ def test_advise_without_reverb_measures_the_seeded_buffer_and_recommends_embedde
   assert "--deterministic" in run and "--distributed" not in run
 
 
+@pytest.mark.slow
 @pytest.mark.needs_reverb
 def test_advise_measures_replay_in_a_process_of_its_own():
   from jrl.agents import get_agent

@@ -114,6 +114,7 @@ def test_deterministic_run_killed_and_resumed_equals_the_uninterrupted_run(tmp_p
   assert _metric_values(run_dir) == _metric_values(reference["run_dir"])
 
 
+@pytest.mark.slow
 @pytest.mark.needs_reverb
 def test_reverb_run_survives_sigkill_at_random_instants_and_reaches_the_threshold(tmp_path):
   """Five SIGKILLs, alternately while a checkpoint is being written and at a random

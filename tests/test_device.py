@@ -152,6 +152,7 @@ def _read(path):
     return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_an_env_of_your_own_runs_in_the_loop_and_is_learned(tmp_path):
   """`gymnax:pkg.module:function`: the example corridor (goal end drawn at each reset) is solved by
@@ -185,6 +186,7 @@ def test_an_env_of_your_own_runs_in_the_loop_and_is_learned(tmp_path):
   assert [int(policy(np.asarray([0.0, side], np.float32))) for side in (-1.0, 1.0)] == [0, 1]
 
 
+@pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_r2d2_learns_gymnax_cartpole_in_the_loop(tmp_path):
   """R2D2 on the device backend: overlapping sequences with their start core states in a
@@ -204,6 +206,7 @@ def test_r2d2_learns_gymnax_cartpole_in_the_loop(tmp_path):
   assert summary["loop_compiles"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_ppo_reaches_475_on_gymnax_cartpole_and_writes_the_run_directory(tmp_path):
   from jrl.device.runner import run_device
@@ -341,6 +344,7 @@ json.dump({"devices": jax.device_count(), **out}, open(sys.argv[1] + "/out.json"
 """
 
 
+@pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_two_devices_learn_as_one(tmp_path):
   """Forced 2 CPU devices: the same eval curve (PPO) and the same parameters within float

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-pytestmark = pytest.mark.needs_reverb
+pytestmark = [pytest.mark.needs_reverb, pytest.mark.slow]  # real Launchpad programs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--steps", "3000", "--min_replay_size", "500", "--eval_every", "1000", "--eval_episodes", "3",

@@ -117,6 +117,7 @@ def test_embedded_run_with_env_groups_repeats_its_bytes(tmp_path):
   assert a["params_digest"] == b["params_digest"]
 
 
+@pytest.mark.slow
 @pytest.mark.needs_reverb
 def test_actor_nodes_step_env_groups(tmp_path):
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -19,6 +19,7 @@ from jrl.replay.local import LocalReplay
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_own_loop_with_a_custom_torso_reaches_475_within_50k_steps():
   start = time.perf_counter()
   result = own_loop.train(seed=0, steps=50_000, verbose=False)
@@ -89,6 +90,7 @@ def _train_cli(module, args, timeout):
                         timeout=timeout)
 
 
+@pytest.mark.slow
 def test_custom_agent_and_env_factory_through_the_command_line(tmp_path):
   run_dir = tmp_path / "run"
   out = _train_cli("examples.my_agent", ["--env", "examples.envs:masked_cartpole", "--deterministic", "--steps", "2000",
@@ -123,6 +125,7 @@ def test_default_run_dirs_of_module_references_are_path_safe():
   assert ExperimentConfig(env="gymnax:CartPole-v1").default_run_dir().startswith("runs/dqn-gymnax_CartPole-v1-s0-")
 
 
+@pytest.mark.slow
 @pytest.mark.needs_reverb
 def test_custom_agent_and_env_factory_distributed(tmp_path):
   run_dir = tmp_path / "run"

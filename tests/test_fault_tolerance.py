@@ -128,6 +128,7 @@ def _served_again(log):
   return any("inference server inference/0" in line and "back after" in line for line in log.splitlines())
 
 
+@pytest.mark.slow
 def test_killed_actor_and_inference_server_are_restarted_and_dqn_still_solves_cartpole(tmp_path):
   # Both kills must come before the run can stop at the threshold (it once stopped at 20k env
   # steps, 30 s in, with the kills done at about 15 s): each kill waits for one metrics row only,
@@ -174,6 +175,7 @@ def test_killed_actor_and_inference_server_are_restarted_and_dqn_still_solves_ca
         f"{summary['actor_steps']} env steps, {summary['wall_seconds']}s")
 
 
+@pytest.mark.slow
 def test_a_killed_replay_server_ends_the_program_naming_it(tmp_path):
   deadline = 10
   program = Program(tmp_path / "run", [*SMALL, "--steps", "100000", "--num_actors", "2", "--inference", "actor",
@@ -194,6 +196,7 @@ def test_a_killed_replay_server_ends_the_program_naming_it(tmp_path):
   print(f"program ended {ended:.1f}s after the replay server's SIGKILL")
 
 
+@pytest.mark.slow
 def test_servers_listen_on_loopback_only_and_a_killed_learner_ends_the_program_and_resume_finishes(tmp_path):
   program = Program(tmp_path / "run", [*SMALL, "--steps", "100000", "--num_actors", "2", "--inference", "server",
                                        "--checkpoint_every_steps", "1500"])
@@ -230,6 +233,7 @@ def test_servers_listen_on_loopback_only_and_a_killed_learner_ends_the_program_a
   assert evaluations == sorted(evaluations) and len(set(evaluations)) == len(evaluations)
 
 
+@pytest.mark.slow
 def test_an_actor_failing_past_max_restarts_ends_the_program_naming_it(tmp_path):
   program = Program(tmp_path / "run", [*SMALL, "--steps", "100000", "--num_actors", "1", "--inference", "actor",
                                        "--crash_actor_after", "400", "--max_restarts", "1",

@@ -19,7 +19,7 @@ import time
 import psutil
 import pytest
 
-pytestmark = pytest.mark.needs_reverb
+pytestmark = [pytest.mark.needs_reverb, pytest.mark.slow]  # real Launchpad programs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLUSTER = os.path.join(ROOT, "scripts", "slurm_test_cluster.sh")

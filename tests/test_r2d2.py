@@ -228,6 +228,7 @@ def test_bad_input_on_the_command_line_gives_one_line_and_status_2(tmp_path, arg
   assert not (tmp_path / "never").exists()
 
 
+@pytest.mark.slow
 def test_r2d2_learns_masked_cartpole_where_it_needs_memory(tmp_path):
   """A short seeded run: feed-forward DQN stays near 50 on this task for 200k env steps
   (README); R2D2's defaults pass 100 within 30k. (200k steps reach 500: README.)"""
@@ -241,6 +242,7 @@ def test_r2d2_learns_masked_cartpole_where_it_needs_memory(tmp_path):
   assert summary["learner_steps"] > 1_000
 
 
+@pytest.mark.slow
 @pytest.mark.needs_reverb
 def test_r2d2_runs_distributed_with_the_state_on_the_inference_server(tmp_path):
   run_dir = tmp_path / "dist"

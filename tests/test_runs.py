@@ -68,6 +68,7 @@ def test_reverb_run_writes_the_run_directory(tmp_path):
     ("ppo", "CartPole-v1", 100_000, 5_000, None),
     ("impala", "CartPole-v1", 200_000, 10_000, None),
 ])
+@pytest.mark.slow
 def test_shipped_defaults_reach_the_threshold(tmp_path, agent, env, steps, eval_every, threshold):
   """Each agent's shipped defaults reach the mean greedy return (10 episodes) the issue sets,
   within its step budget, on seed 0 (deterministic replay, so the result repeats)."""
@@ -79,6 +80,7 @@ def test_shipped_defaults_reach_the_threshold(tmp_path, agent, env, steps, eval_
   assert summary["best_eval_return"] >= summary["reward_threshold"]
 
 
+@pytest.mark.slow
 def test_gaussian_ppo_learns_pendulum(tmp_path):
   """PPO's Gaussian head on a Box action space: the README's Pendulum flags reach -250 within
   100k env steps on seed 0 (measured: -204 at 30k, deterministic replay)."""

@@ -28,6 +28,7 @@ def test_a_deterministic_run_loads_neither_tensorflow_nor_reverb(tmp_path):
   assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.needs_reverb
 def test_a_reverb_run_stopped_at_its_threshold_exits_right_after_done(tmp_path):
   """The case that hung: Reverb replay, stopped early by --stop_at_threshold."""

@@ -59,6 +59,7 @@ def ppo_sweep(tmp_path_factory):
   return proc, str(out)
 
 
+@pytest.mark.slow  # runs a sweep of real launch.train processes
 def test_three_seed_dqn_sweep_writes_report(dqn_sweep):
   proc, out = dqn_sweep
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -92,6 +93,7 @@ def test_three_seed_dqn_sweep_writes_report(dqn_sweep):
   assert f"| dqn | CartPole-v1 | 3 | {group['iqm']['point']:.1f} [{group['iqm']['low']:.1f}, " in text
 
 
+@pytest.mark.slow  # runs a sweep of real launch.train processes
 def test_report_iqm_and_cis_equal_rliable(dqn_sweep):
   """The report's IQM and mean, with CIs, are rliable's on the runs' score matrix, same bootstrap seed."""
   _, out = dqn_sweep
@@ -144,6 +146,7 @@ def test_steps_to_threshold_and_across_env_scores():
   assert across["scores"] == [[1.2, 1.5], [0.4, 0.5]]  # score / threshold, by seed
 
 
+@pytest.mark.slow  # runs a sweep of real launch.train processes
 def test_failed_seed_is_reported_and_the_others_finish(ppo_sweep):
   proc, out = ppo_sweep
   assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -161,6 +164,7 @@ def test_failed_seed_is_reported_and_the_others_finish(ppo_sweep):
   assert "| ppo | CartPole-v1 | 1 | FAILED: exit 2" in open(os.path.join(out, "report.md")).read()
 
 
+@pytest.mark.slow  # runs a sweep of real launch.train processes
 def test_report_compares_two_agents(dqn_sweep, ppo_sweep, tmp_path):
   out = str(tmp_path / "compare")
   proc = _run("launch.report", dqn_sweep[1], ppo_sweep[1], "--out", out, "--reps", str(REPS))
@@ -179,6 +183,7 @@ def test_report_compares_two_agents(dqn_sweep, ppo_sweep, tmp_path):
   assert "report: 5 runs in 2 groups" in proc.stdout
 
 
+@pytest.mark.slow  # runs a sweep of real launch.train processes
 def test_rerun_reuses_finished_seeds_and_refuses_other_settings(dqn_sweep, capsys):
   _, out = dqn_sweep
   digests = [_summary(os.path.join(out, f"dqn-CartPole-v1-s{s}"))["params_digest"] for s in range(3)]
@@ -228,6 +233,7 @@ def test_parse_seeds():
       sweep_report.parse_seeds(bad)
 
 
+@pytest.mark.slow  # runs a sweep of real launch.train processes
 def test_importing_and_reporting_leave_matplotlib_alone(dqn_sweep, tmp_path):
   """No pyplot and no backend switch, at import or while writing a report."""
   # rcParams' raw entry: reading matplotlib.get_backend() would itself resolve (and set) one.
