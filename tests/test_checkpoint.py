@@ -87,6 +87,7 @@ def test_checkpointer_is_atomic_verified_and_keeps_the_last_k(tmp_path):
     checkpointer.verify(older)
 
 
+@pytest.mark.slow
 def test_deterministic_run_killed_and_resumed_equals_the_uninterrupted_run(tmp_path):
   steps = 8_000
   reference = run(ExperimentConfig(seed=3, steps=steps, deterministic=True, eval_every=1_000, eval_episodes=3,
@@ -173,6 +174,7 @@ def _files_snapshot(folder):
   return snapshot
 
 
+@pytest.mark.slow
 def test_bad_resume_and_run_dir_input_is_one_line_and_changes_nothing(tmp_path):
   run_dir = str(tmp_path / "done")
   finished = subprocess.run([sys.executable, "-m", "launch.train", "--steps", "2000", "--deterministic",

@@ -82,10 +82,12 @@ def _check_one_line_errors(cases, tmp_path):
   assert not (tmp_path / "never").exists()  # nothing was written for a refused run
 
 
+@pytest.mark.slow
 def test_bad_input_gives_one_line_and_status_2(tmp_path):
   _check_one_line_errors(BAD_INPUTS, tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.needs_reverb
 def test_bad_distributed_input_gives_one_line_and_status_2(tmp_path):
   _check_one_line_errors(BAD_DISTRIBUTED_INPUTS, tmp_path)

@@ -133,6 +133,7 @@ BAD_INPUTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_bad_input_gives_one_line_and_status_2(tmp_path):
   procs = {name: subprocess.Popen([sys.executable, "-m", "launch.train", "--backend", "device", *args, "--run_dir",
@@ -243,6 +244,7 @@ def _short_run(tmp_path, name, agent, steps, chunk_steps=None, **exp_fields):
   return run_device(exp, cfg, chunk_steps=chunk_steps)
 
 
+@pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_same_seed_same_bytes_and_chunking_does_not_change_training(tmp_path):
   a = _short_run(tmp_path, "a", "dqn", 2_048)
@@ -259,6 +261,7 @@ def test_same_seed_same_bytes_and_chunking_does_not_change_training(tmp_path):
   assert untimed("a") == untimed("b")
 
 
+@pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_a_run_resumed_from_its_checkpoint_ends_with_the_same_bytes(tmp_path):
   """Killed after its first checkpoint (the later checkpoint and rows removed, as a crash leaves

@@ -116,6 +116,7 @@ def test_import_jrl_stays_light():
   assert out.stdout.split() == ["False", "True", "True"], out.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:os.fork")  # imageio starts ffmpeg to decode
 def test_video_is_a_playable_h264_mp4(run_dir, tmp_path):
   path = tmp_path / "out.mp4"
@@ -135,6 +136,7 @@ def test_video_is_a_playable_h264_mp4(run_dir, tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["out.mp4"]  # no temporary file left behind
 
 
+@pytest.mark.slow
 def test_bad_input_gives_one_line_and_status_2(run_dir, tmp_path):
   no_latest = str(tmp_path / "no_latest")
   shutil.copytree(run_dir, no_latest)

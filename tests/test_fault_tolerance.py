@@ -253,6 +253,7 @@ def test_an_actor_failing_past_max_restarts_ends_the_program_naming_it(tmp_path)
 
 # The pieces underneath, without a program.
 
+@pytest.mark.slow
 def test_replay_writer_waits_out_a_lost_server_and_gives_up_after_its_deadline():
   import reverb
   import tensorflow as tf
@@ -288,6 +289,7 @@ def test_replay_writer_waits_out_a_lost_server_and_gives_up_after_its_deadline()
   assert len(lines) == 1, lines  # one line per interval, not one per failed flush
 
 
+@pytest.mark.slow
 def test_service_call_waits_out_a_lost_courier_server_and_gives_up_after_its_deadline():
   import courier
   import portpicker

@@ -210,6 +210,7 @@ BAD_PIXEL_INPUTS = {
 }
 
 
+@pytest.mark.slow
 def test_bad_pixel_input_gives_one_line_and_status_2(tmp_path):
   procs = {name: subprocess.Popen([sys.executable, "-m", "launch.train", "--agent", "dqn", *args, "--run_dir",
                                    str(tmp_path / "never"), "--deterministic"], cwd=ROOT, text=True,

@@ -189,6 +189,7 @@ def _check_run(summary):
   return main
 
 
+@pytest.mark.slow
 def test_a_slow_env_makes_the_report_name_the_env(tmp_path):
   exp = ExperimentConfig(env="SlowCartPole-v1", steps=2_000, deterministic=True, eval_every=10**6,
                          run_dir=str(tmp_path / "slow-env"), **QUIET)
@@ -198,6 +199,7 @@ def test_a_slow_env_makes_the_report_name_the_env(tmp_path):
   assert summary["env_steps_per_second"] < 500  # 8 envs, 2 ms each per vector step: at most 500/s
 
 
+@pytest.mark.slow
 @pytest.mark.needs_reverb
 def test_a_slow_learner_makes_the_report_name_the_learner(tmp_path):
   """A big network and one update per env step, through Reverb (the prefetch thread is reported too)."""

@@ -23,6 +23,7 @@ def _metric_values(run_dir):
   return values
 
 
+@pytest.mark.slow
 def test_deterministic_runs_repeat_bytes_and_metrics(tmp_path):
   summaries = []
   for name, seed in (("a", 0), ("b", 0), ("c", 1)):

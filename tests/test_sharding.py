@@ -51,6 +51,7 @@ def test_sharded_update_equals_single_device(tmp_path, single_device, devices):
   assert any(not np.allclose(a, 0) for a in leaves)
 
 
+@pytest.mark.slow
 def test_two_learner_processes_equal_one_process(tmp_path, single_device):
   address = f"localhost:{portpicker.pick_unused_port()}"
   out = tmp_path / "two.npz"
@@ -65,6 +66,7 @@ def test_two_learner_processes_equal_one_process(tmp_path, single_device):
     np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_two_embedded_processes_make_the_same_learner_calls(tmp_path):
   """Two runner processes share one learner mesh; with n-step 3 and prioritized replay each
   decides its learner calls from env steps, so both make the same calls and end equal,
