@@ -19,6 +19,7 @@ import time
 
 import psutil
 import pytest
+from test_multihost import _run_processes
 
 pytestmark = [pytest.mark.needs_reverb, pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0 or shutil.which("slurmctld") is None
@@ -100,17 +101,6 @@ def _no_process_left(run_dir, within=60):
   while _run_processes(run_dir) and time.monotonic() < deadline:
     time.sleep(1)
   return _run_processes(run_dir) == []
-
-
-def _run_processes(run_dir):
-  found = []
-  for proc in psutil.process_iter(["pid", "cmdline"]):
-    try:
-      if proc.environ().get("JRL_RUN_DIR") == run_dir or run_dir in " ".join(proc.info["cmdline"] or []):
-        found.append(proc)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-      pass
-  return found
 
 
 def test_an_actor_host_that_dies_is_named_and_the_run_finishes_without_it(slurm, tmp_path):
