@@ -166,7 +166,9 @@ def test_learner_processes_on_two_hosts_equal_one_process(slurm, tmp_path):
 def test_a_launch_whose_sbatch_failed_does_not_block_the_same_command(slurm, tmp_path):
   """sbatch refuses the first launch (a Slurm configuration it cannot read); the run folder it
   left holds no checkpoint, so the same command, once Slurm works, starts it over and runs."""
-  command = ["--launcher", "slurm", "--hosts", HOSTS, "--placement", PLACEMENT, "--num_actors", "2",
+  # Addresses given, so that nothing asks Slurm before sbatch does (scontrol would refuse the config first).
+  hosts = "node1=10.200.0.1,node2=10.200.0.2,node3=10.200.0.3"
+  command = ["--launcher", "slurm", "--hosts", hosts, "--placement", PLACEMENT, "--num_actors", "2",
              "--steps", "3000", "--num_envs", "4", "--min_replay_size", "500", "--hidden_sizes", "32,32",
              "--eval_every", "3000", "--eval_episodes", "2", "--run_dir", "rel/slurm"]
   broken = tmp_path / "broken-slurm.conf"
