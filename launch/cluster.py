@@ -18,6 +18,7 @@ import time
 from typing import Any, Dict, List, Sequence, Tuple
 
 from jrl.errors import ConfigError
+from jrl.experiment.files import SUMMARY_FILE
 from launch import liveness, multihost
 from launch.placement import Host, Placement, default_placement, parse_hosts, parse_placement
 
@@ -206,16 +207,12 @@ def resume_hint(exp, placement: Placement, run_dir: str):
   """The line a lost host's report ends with: the last checkpoint, and the command that continues
   the run on the other hosts."""
   def hint(lost: Sequence[str]) -> str:
-    from jrl.experiment.checkpoint import Checkpointer
-    try:
-      info = Checkpointer(run_dir).latest()
-    except ConfigError:
-      info = None
+    from jrl.experiment.checkpoint import describe_latest
+    latest = describe_latest(run_dir)
     hosts, groups = liveness.placement_without([h.name for h in placement.hosts], placement.groups, lost)
     if exp.launcher == "template":
       hosts = ",".join(f"{h.name}={h.address}" for h in placement.hosts if h.name not in lost)
-    kept = (f"The run's last checkpoint is {info.path} ({info.manifest['counters'].get('actor_steps', 0):.0f} env "
-            "steps)" if info else "The run has no checkpoint yet")
+    kept = f"The run's last checkpoint is {latest}" if latest else "The run has no checkpoint yet"
     return (f"{kept}; continue it on the other hosts with: python -m launch.train --resume {run_dir} "
             f"--hosts {hosts} --placement '{groups}'")
   return hint
@@ -232,7 +229,7 @@ def launch_on_hosts(exp, program, run_dir: str, placement: Placement, restart) -
     status = run_slurm(run_dir, placement.hosts, job_name, watch)
   else:
     status = run_template(run_dir, placement.hosts, exp.host_command, watch)
-  finished = os.path.exists(os.path.join(run_dir, "summary.json"))
+  finished = os.path.exists(os.path.join(run_dir, SUMMARY_FILE))
   failed_hosts = glob.glob(multihost.failure_path(run_dir, "*"))
   if status != 0 and finished and watch.lost and not watch.essential_lost and not failed_hosts:
     status = 0  # the run reached its end without the lost hosts' actors: what they ran is recorded

@@ -105,6 +105,14 @@ def placement_without(hosts: Sequence[str], groups: Dict[str, Sequence[str]], lo
   return ",".join(remaining), " ".join(f"{group}={','.join(names)}" for group, names in placed.items())
 
 
+def _ended(heartbeat: str) -> bool:
+  """Whether a heartbeat is its agent's last word (`Heartbeat.stop`); a torn read is not."""
+  try:
+    return bool(json.loads(heartbeat).get("ended"))
+  except ValueError:
+    return False
+
+
 class HostWatch:
   """The launcher's watch over the host agents' heartbeats (see the module docstring). `poll()`
   often; it returns the hosts newly found lost."""
@@ -133,7 +141,7 @@ class HostWatch:
           text = f.read()
       except OSError:
         text = None
-      if text is not None and '"ended": true' in text:
+      if text is not None and _ended(text):
         continue  # its agent ended cleanly
       if text != seen:
         self._last[host] = (text, now)

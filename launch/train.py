@@ -107,16 +107,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _where_to_continue(run_dir: str) -> str:
   """What an interrupted run kept, and the command that continues it."""
-  from jrl.experiment.checkpoint import Checkpointer
-  try:
-    info = Checkpointer(run_dir).latest()
-  except Exception:  # noqa: BLE001 - a damaged newest checkpoint: resume names it
-    info = None
-  if info is None:
+  from jrl.experiment.checkpoint import describe_latest
+  latest = describe_latest(run_dir)
+  if latest is None:
     return f"{run_dir} has no checkpoint yet; the same command starts it over"
-  steps = info.manifest["counters"].get("actor_steps", 0)
-  return (f"the last checkpoint is {info.path} ({steps:.0f} env steps); continue with: "
-          f"{PROG} --resume {run_dir}")
+  return f"the last checkpoint is {latest}; continue with: {PROG} --resume {run_dir}"
 
 
 def make_parser(agent_name: str, agent, prog: str = PROG) -> OneLineParser:

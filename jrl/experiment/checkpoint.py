@@ -257,6 +257,16 @@ class Checkpointer:
     return os.path.join(info.path, REPLAY)
 
 
+def describe_latest(run_dir: str) -> Optional[str]:
+  """'PATH (N env steps)' of the run's newest intact checkpoint; None when it has none (or the
+  newest is damaged: resuming names the damage)."""
+  try:
+    info = Checkpointer(run_dir).latest()
+  except ConfigError:
+    return None
+  return f"{info.path} ({info.manifest['counters'].get('actor_steps', 0):.0f} env steps)" if info else None
+
+
 def checkpoint_to_resume(run_dir: str, steps: int) -> Optional[CheckpointInfo]:
   """The newest checkpoint of a run being resumed, verified; None when it has none yet (the
   run starts over). ConfigError if that checkpoint already has `steps` env steps."""
