@@ -367,9 +367,9 @@ def test_two_devices_learn_as_one(tmp_path):
     assert one["summary"]["loop_compiles"] == two["summary"]["loop_compiles"] == 0
     assert one["summary"]["learner_steps"] == two["summary"]["learner_steps"] > 0
     if agent == "ppo":
-      # Calls of 8 epochs x 4 minibatches: the reduction order's last-bit differences grow over
-      # that many updates (at 8192 steps: 0.26 on one machine, under 1e-4 on another), so PPO is held to
-      # its eval curve over its first 3072 steps, below; the short DQN and R2D2 runs to their parameters.
+      # Calls of 8 epochs x 4 minibatches: the reduction order's last-bit differences grow over that
+      # many updates, by how much depends on the CPU, so PPO is held to its eval curve over its first
+      # 3072 steps, below; the short DQN and R2D2 runs to their parameters.
       continue
     for x, y in zip(one["params"], two["params"]):
       np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-3, atol=1e-4)
