@@ -14,7 +14,15 @@ fi
 STAMP=.venv/.jrl-docs-installed
 if [ ! -f "$STAMP" ] || ! cmp -s "$STAMP" requirements-docs.txt; then
   echo "[docs] installing requirements-docs.txt into .venv"
-  .venv/bin/python -m pip install -q -r requirements-docs.txt
+  # pip's own notes (e.g. a find-links folder in the machine's pip config that does not exist)
+  # would read as build warnings; they are shown only when the install fails.
+  log=$(mktemp)
+  if ! .venv/bin/python -m pip install -q -r requirements-docs.txt >"$log" 2>&1; then
+    cat "$log" >&2
+    rm -f "$log"
+    exit 1
+  fi
+  rm -f "$log"
   cp requirements-docs.txt "$STAMP"
 fi
 

@@ -4,7 +4,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
-"${JRL_TEST_PYTHON:-.venv/bin/python}" -m pytest tests "$@"
+# --durations: the slowest tests are listed at the end of every run (CI keeps its time in view).
+"${JRL_TEST_PYTHON:-.venv/bin/python}" -m pytest tests --durations=25 "$@"
 status=$?
 if [ "$status" -eq 5 ]; then
   echo "run_tests: pytest collected no tests; failing" >&2

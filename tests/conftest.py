@@ -13,7 +13,15 @@ stack). A `--core` run in which no test passed fails: an empty or all-skipped ru
 nothing. Without `--core` nothing is deselected, so a missing package fails loudly.
 """
 
+import os
+
 import pytest
+
+# Tests run commands as a user types them in a fresh shell. Under `make test` the make variables
+# below are inherited, and a `make` a test runs would then act as a sub-make (printing
+# "make[1]: Entering directory ..." around its output, taking the outer make's flags).
+for _name in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES"):
+  os.environ.pop(_name, None)
 
 # TFP (via rlax/distrax) refuses TF 2.8 once TensorFlow is loaded; tests that import reverb
 # run in the same process, so load these first.
