@@ -16,14 +16,16 @@ Data conventions are stated once, in `jrl.types`.
 import importlib
 from typing import TYPE_CHECKING, Any, Dict, List
 
+from jrl.registry import AGENTS
+
 __version__ = "0.1.0"
 
 # name -> module that defines it; modules themselves are listed with their own name.
 _NAMES: Dict[str, str] = {
     # Agents: each a module of Config, Networks, TrainingState, make_networks, make_learner (with
-    # its default `loss`), make_policy, make_replay_spec.
-    "agents": "jrl.agents", "dqn": "jrl.agents.dqn", "ppo": "jrl.agents.ppo", "impala": "jrl.agents.impala",
-    "sac": "jrl.agents.sac", "r2d2": "jrl.agents.r2d2", "get_agent": "jrl.agents", "AGENTS": "jrl.agents",
+    # its default `loss`), make_policy, make_replay_spec; `jrl.dqn` etc. for every name of
+    # jrl.registry (added below).
+    "agents": "jrl.agents", "get_agent": "jrl.agents", "AGENTS": "jrl.agents",
     # Types and conventions.
     "types": "jrl.types", "Transition": "jrl.types", "Trajectory": "jrl.types", "LearnerBatch": "jrl.types",
     "LearnerFns": "jrl.types", "PolicyFns": "jrl.types", "ActorState": "jrl.types", "Params": "jrl.types",
@@ -43,6 +45,8 @@ _NAMES: Dict[str, str] = {
     # Policies of finished runs, errors.
     "policies": "jrl.policies", "load_policy": "jrl.policies", "ConfigError": "jrl.errors",
 }
+
+_NAMES.update(AGENTS)
 
 __all__: List[str] = sorted(_NAMES) + ["__version__"]
 

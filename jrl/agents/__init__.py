@@ -4,12 +4,11 @@ import importlib
 from types import ModuleType
 
 from jrl import compat
+from jrl.registry import AGENTS
 from jrl.errors import ConfigError
 
 compat.import_jax_probability()  # rlax and distrax without TensorFlow (see jrl/compat.py)
 
-AGENTS = {"dqn": "jrl.agents.dqn", "impala": "jrl.agents.impala", "ppo": "jrl.agents.ppo", "r2d2": "jrl.agents.r2d2",
-          "sac": "jrl.agents.sac"}
 # What the shells (embedded runner, distributed nodes, command line) need of an agent module.
 PIECES = ("Config", "make_networks", "make_learner", "make_policy", "make_replay_spec")
 

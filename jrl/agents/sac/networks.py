@@ -7,9 +7,9 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from jrl.agents.sac.config import Config
+from jrl.agents import continuous
 from jrl.agents.modules import init_apply
-from jrl.errors import ConfigError
+from jrl.agents.sac.config import Config
 from jrl.networks import MLP
 from jrl.specs import EnvSpec
 from jrl.types import Array, Params, PRNGKey
@@ -29,15 +29,6 @@ class GaussianPolicyHead(nn.Module):
     return mean, log_std
 
 
-class TwinQ(nn.Module):
-  hidden_sizes: Sequence[int]
-
-  @nn.compact
-  def __call__(self, obs, action):
-    x = jnp.concatenate([obs.reshape(obs.shape[0], -1), action], axis=-1)
-    return jnp.stack([nn.Dense(1)(MLP(self.hidden_sizes)(x))[..., 0] for _ in range(2)])  # [2, B]
-
-
 def tanh_gaussian(mean: Array, log_std: Array) -> distrax.Distribution:
   """A diagonal Gaussian squashed by tanh into [-1, 1]^d (Haarnoja et al., 2018, appendix C)."""
   return distrax.Transformed(distrax.MultivariateNormalDiag(mean, jnp.exp(log_std)), distrax.Block(distrax.Tanh(), 1))
@@ -53,10 +44,10 @@ class Networks(NamedTuple):
 
   def to_env(self, action: Array) -> Array:
     """[-1, 1] -> the env's action bounds."""
-    return self.action_low + (action + 1.0) * 0.5 * (self.action_high - self.action_low)
+    return continuous.to_env(action, self.action_low, self.action_high)
 
   def from_env(self, action: Array) -> Array:
-    return 2.0 * (action - self.action_low) / (self.action_high - self.action_low) - 1.0
+    return continuous.from_env(action, self.action_low, self.action_high)
 
 
 def make_networks(spec: EnvSpec, cfg: Config, module: Optional[Any] = None,
@@ -64,15 +55,10 @@ def make_networks(spec: EnvSpec, cfg: Config, module: Optional[Any] = None,
   """The policy `module` (obs [B, *obs_shape] -> (mean [B, A], log_std [B, A]), before tanh) and
   the twin `critic` ((obs [B, ...], action [B, A] in [-1, 1]) -> q [2, B]): each a flax module
   or an (init, apply) pair; None: MLPs of `cfg.hidden_sizes`."""
-  if spec.discrete:
-    raise ConfigError("agent", f"sac needs a Box action space, the env has a Discrete one ({spec.num_actions} actions)")
-  if len(spec.action_shape) != 1 or not np.all(np.isfinite(spec.action_low)) or not np.all(np.isfinite(spec.action_high)):
-    raise ConfigError("agent", f"sac needs a bounded 1-D Box action space, got shape {spec.action_shape} "
-                               f"with bounds [{spec.action_low}, {spec.action_high}]")
-  action_dim = spec.action_shape[0]
+  action_dim = continuous.check_bounded_box("sac", spec)
   policy = module if module is not None else GaussianPolicyHead(action_dim, tuple(cfg.hidden_sizes),
                                                                  cfg.log_std_min, cfg.log_std_max)
-  critic = critic if critic is not None else TwinQ(tuple(cfg.hidden_sizes))
+  critic = critic if critic is not None else continuous.TwinQ(tuple(cfg.hidden_sizes))
   obs = jnp.zeros((1,) + spec.observation_shape, jnp.float32)
   act = jnp.zeros((1, action_dim), jnp.float32)
   policy_init, policy_apply = init_apply(policy, obs)
