@@ -11,4 +11,5 @@ AGENTS = {
     "ppo": "jrl.agents.ppo",
     "r2d2": "jrl.agents.r2d2",
     "sac": "jrl.agents.sac",
+    "td3": "jrl.agents.td3",
 }

@@ -15,7 +15,7 @@ import pytest
 
 import jrl
 from examples.envs import masked_cartpole
-from jrl import dqn, impala, ppo, r2d2, sac
+from jrl import dqn, impala, ppo, r2d2, sac, td3
 from jrl.envs import final_observations, make_vector_env
 from jrl.errors import ConfigError
 from jrl.learners.learner import make_multi_update, params_digest
@@ -49,7 +49,7 @@ def test_import_jrl_is_light_and_every_public_name_resolves():
   assert os.path.exists(os.path.join(ROOT, "jrl", "py.typed"))
 
 
-@pytest.mark.parametrize("agent", [dqn, ppo, impala, sac, r2d2])
+@pytest.mark.parametrize("agent", [dqn, ppo, impala, sac, r2d2, td3])
 def test_agent_modules_export_the_pieces(agent):
   for piece in PIECES:
     assert hasattr(agent, piece) and piece in agent.__all__, piece
@@ -96,6 +96,7 @@ def _uniform_behaviour(num_actions):
 AGENT_CASES = {
     "dqn": (dqn, dqn.Config(batch_size=32, min_replay_size=64, block_size=4), "CartPole-v1", 20),
     "sac": (sac, sac.Config(batch_size=32, min_replay_size=64, hidden_sizes=(16, 16)), "Pendulum-v1", 20),
+    "td3": (td3, td3.Config(batch_size=32, min_replay_size=64, hidden_sizes=(16, 16)), "Pendulum-v1", 20),
     "ppo": (ppo, ppo.Config(batch_size=4, sequence_length=16, num_minibatches=2, num_epochs=1, hidden_sizes=(16,)),
             "CartPole-v1", 32),
     "impala": (impala, impala.Config(batch_size=4, sequence_length=16, hidden_sizes=(16,)), "CartPole-v1", 32),

@@ -18,6 +18,7 @@ BAD_INPUTS = {
     "unknown agent": (["--agent", "nope"], "agent: unknown agent 'nope'"),
     "continuous actions for dqn": (["--env", "Pendulum-v1"], "agent: dqn needs a Discrete action space"),
     "discrete actions for sac": (["--agent", "sac", "--env", "CartPole-v1"], "agent: sac needs a Box action space"),
+    "discrete actions for td3": (["--agent", "td3", "--env", "CartPole-v1"], "agent: td3 needs a Box action space"),
     # Custom agent modules and env factories (examples/): the factory or module is named.
     "env factory raises": (["--env", "examples.envs:broken_factory"],
                            "env: the env factory 'examples.envs:broken_factory' raised RuntimeError: "
