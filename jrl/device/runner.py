@@ -160,7 +160,10 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
   key_shape = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=loop.replicated)
   compiled_eval = jax.jit(loop.evaluate).lower(params_shape, key_shape).compile()
   compile_seconds = time.monotonic() - compile_start
-  get_params = jax.jit(lambda c: loop.learner.params(c.learner_state), out_shardings=loop.replicated)
+  # Given the learner state alone: the rest of the carry (env states) may hold weakly typed leaves that
+  # the compiled chunk returns strongly typed (gymnax's Pendulum), and any change of type recompiles.
+  params_of_state = jax.jit(loop.learner.params, out_shardings=loop.replicated)
+  get_params = lambda c: params_of_state(c.learner_state)
 
   if saved is None:
     host = HostState(EvalHistory(threshold), exp.log_every, exp.eval_every,
