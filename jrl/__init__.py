@@ -53,7 +53,7 @@ __all__: List[str] = sorted(_NAMES) + ["__version__"]
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` imports on demand
   from jrl import agents, envs, networks, policies, replay, types  # noqa: F401
   from jrl.actors.evaluator import Evaluator  # noqa: F401
-  from jrl.agents import AGENTS, dqn, get_agent, impala, ppo, r2d2, sac, td3  # noqa: F401
+  from jrl.agents import AGENTS, dqn, get_agent, impala, ppo, pqn, r2d2, sac, td3  # noqa: F401
   from jrl.envs import EpisodeTracker, env_spec, final_observations, make_vector_env  # noqa: F401
   from jrl.errors import ConfigError  # noqa: F401
   from jrl.learners.learner import Learner, make_multi_update, params_digest  # noqa: F401

@@ -9,6 +9,7 @@ AGENTS = {
     "dqn": "jrl.agents.dqn",
     "impala": "jrl.agents.impala",
     "ppo": "jrl.agents.ppo",
+    "pqn": "jrl.agents.pqn",
     "r2d2": "jrl.agents.r2d2",
     "sac": "jrl.agents.sac",
     "td3": "jrl.agents.td3",

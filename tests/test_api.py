@@ -15,7 +15,7 @@ import pytest
 
 import jrl
 from examples.envs import masked_cartpole
-from jrl import dqn, impala, ppo, r2d2, sac, td3
+from jrl import dqn, impala, ppo, pqn, r2d2, sac, td3
 from jrl.envs import final_observations, make_vector_env
 from jrl.errors import ConfigError
 from jrl.learners.learner import make_multi_update, params_digest
@@ -49,7 +49,7 @@ def test_import_jrl_is_light_and_every_public_name_resolves():
   assert os.path.exists(os.path.join(ROOT, "jrl", "py.typed"))
 
 
-@pytest.mark.parametrize("agent", [dqn, ppo, impala, sac, r2d2, td3])
+@pytest.mark.parametrize("agent", [dqn, ppo, pqn, impala, sac, r2d2, td3])
 def test_agent_modules_export_the_pieces(agent):
   for piece in PIECES:
     assert hasattr(agent, piece) and piece in agent.__all__, piece
@@ -100,6 +100,8 @@ AGENT_CASES = {
     "ppo": (ppo, ppo.Config(batch_size=4, sequence_length=16, num_minibatches=2, num_epochs=1, hidden_sizes=(16,)),
             "CartPole-v1", 32),
     "impala": (impala, impala.Config(batch_size=4, sequence_length=16, hidden_sizes=(16,)), "CartPole-v1", 32),
+    "pqn": (pqn, pqn.Config(batch_size=4, sequence_length=16, num_minibatches=2, num_epochs=1, hidden_sizes=(16,)),
+            "CartPole-v1", 32),
     "r2d2": (r2d2, r2d2.Config(batch_size=4, sequence_length=8, sequence_period=4, burn_in=2, min_replay_size=8,
                                lstm_size=16, hidden_sizes=(16,)), "CartPole-v1", 24),
 }
@@ -131,7 +133,8 @@ def _train(learner, batches):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(AGENT_CASES))
 def test_default_loss_passed_explicitly_gives_the_same_bytes(name):
-  updates = 1 if name in ("ppo", "impala") else 3
+  agent, cfg = AGENT_CASES[name][:2]
+  updates = 1 if agent.make_replay_spec(cfg).kind.sampled_once else 3  # a queue's calls take one batch each
   agent, cfg, env_id, batches = _batches(name, updates)
   env = make_vector_env(env_id, 1, 0)
   networks = agent.make_networks(jrl.env_spec(env), cfg)
