@@ -1,17 +1,18 @@
 """Pieces shared by the agents for bounded Box actions (SAC, TD3): the twin critic, the check of
-the action space, and the map between the normalised box [-1, 1]^A, where their policies act,
-and the env's bounds."""
+the action space, the map between the normalised box [-1, 1]^A, where their policies act, and
+the env's bounds, and their `Networks` (a policy and a twin critic) with its builder."""
 
-from typing import Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
+from jrl.agents.modules import init_apply
 from jrl.errors import ConfigError
 from jrl.networks import MLP
 from jrl.specs import EnvSpec
-from jrl.types import Array
+from jrl.types import Array, Params, PRNGKey
 
 
 class TwinQ(nn.Module):
@@ -43,3 +44,41 @@ def to_env(action: Array, low: np.ndarray, high: np.ndarray) -> Array:
 def from_env(action: Array, low: np.ndarray, high: np.ndarray) -> Array:
   """The env's bounds [low, high] -> [-1, 1]."""
   return 2.0 * (action - low) / (high - low) - 1.0
+
+
+class Networks(NamedTuple):
+  """A policy and a twin critic in the normalised action box [-1, 1]^A, and the env's bounds.
+
+  What `policy_apply` returns is the agent's: SAC's (mean [B, A], log_std [B, A]) of a Gaussian
+  before tanh, TD3's action [B, A] in [-1, 1].
+  """
+  policy_init: Callable[[PRNGKey], Params]
+  policy_apply: Callable[[Params, Array], Any]      # obs [B, *obs_shape] -> the agent's policy output
+  q_init: Callable[[PRNGKey], Params]
+  q_apply: Callable[[Params, Array, Array], Array]  # obs [B, *obs_shape], action [B, A] in [-1, 1] -> q [2, B]
+  action_low: np.ndarray
+  action_high: np.ndarray
+
+  def to_env(self, action: Array) -> Array:
+    """[-1, 1] -> the env's action bounds."""
+    return to_env(action, self.action_low, self.action_high)
+
+  def from_env(self, action: Array) -> Array:
+    return from_env(action, self.action_low, self.action_high)
+
+
+def make_networks(agent: str, spec: EnvSpec, hidden_sizes: Sequence[int], default_policy: Callable[[int], Any],
+                  module: Optional[Any] = None, critic: Optional[Any] = None) -> Networks:
+  """`Networks` of the policy `module` and the twin `critic` ((obs [B, ...], action [B, A] in
+  [-1, 1]) -> q [2, B]), each a flax module or an (init, apply) pair, initialised on a batch of
+  one. None: `default_policy(A)` and a `TwinQ` of `hidden_sizes`. ConfigError('agent', ...) naming
+  `agent` unless the env's actions are a bounded 1-D Box."""
+  action_dim = check_bounded_box(agent, spec)
+  policy = module if module is not None else default_policy(action_dim)
+  critic = critic if critic is not None else TwinQ(tuple(hidden_sizes))
+  obs = jnp.zeros((1,) + spec.observation_shape, jnp.float32)
+  act = jnp.zeros((1, action_dim), jnp.float32)
+  policy_init, policy_apply = init_apply(policy, obs)
+  q_init, q_apply = init_apply(critic, obs, act)
+  return Networks(policy_init=policy_init, policy_apply=policy_apply, q_init=q_init, q_apply=q_apply,
+                  action_low=np.asarray(spec.action_low, np.float32), action_high=np.asarray(spec.action_high, np.float32))

@@ -1,31 +1,13 @@
-"""DQN policies: epsilon-greedy for acting, greedy for evaluation."""
+"""DQN policies: epsilon-greedy for acting, greedy for evaluation (see `jrl.agents.exploration`)."""
 
-import distrax
-import jax
-import jax.numpy as jnp
-import optax
-
+from jrl.agents import exploration
 from jrl.agents.dqn.config import Config
 from jrl.agents.dqn.networks import Networks
-from jrl.types import ActorState, Array, PolicyFns, initial_actor_state
+from jrl.types import PolicyFns
 
-
-def epsilon_schedule(cfg: Config) -> optax.Schedule:
-  return optax.linear_schedule(cfg.epsilon_init, cfg.epsilon_final, cfg.epsilon_decay_steps)
+epsilon_schedule = exploration.epsilon_schedule  # epsilon_init -> epsilon_final over epsilon_decay_steps
 
 
 def make_policy(networks: Networks, cfg: Config, evaluation: bool = False) -> PolicyFns:
-  schedule = epsilon_schedule(cfg)
-
-  def select_action(params, obs: Array, is_first: Array, state: ActorState):
-    del is_first  # feed-forward: nothing to reset at episode starts
-    key, sample_key = jax.random.split(state.key)
-    q = networks.apply(params, obs)
-    if evaluation and cfg.eval_epsilon == 0.0:
-      action = jnp.argmax(q, axis=-1)
-    else:
-      epsilon = cfg.eval_epsilon if evaluation else schedule(state.env_steps)
-      action = distrax.EpsilonGreedy(q, epsilon).sample(seed=sample_key)
-    return action.astype(jnp.int32), {}, ActorState(key, state.env_steps + obs.shape[0])
-
-  return PolicyFns(init=initial_actor_state, select_action=select_action)
+  """Epsilon-greedy on the Q-values; no extras."""
+  return exploration.epsilon_greedy_policy(networks.apply, cfg, evaluation)

@@ -3,9 +3,9 @@
 import dataclasses
 from typing import Tuple
 
+from jrl.agents import on_policy
 from jrl.errors import require_positive, require_unit_interval
 from jrl.networks import check_network_fields
-from jrl.replay.kinds import TrajectoryQueue
 from jrl.replay.spec import ReplaySpec
 
 
@@ -38,5 +38,4 @@ class Config:
 
   def replay_spec(self) -> ReplaySpec:
     """A queue of a few calls' worth of trajectories; each is used by exactly one call."""
-    return ReplaySpec(kind=TrajectoryQueue(sequence_length=self.sequence_length, reward_clip=self.reward_clip),
-                      block_size=1, max_size=4 * self.batch_size, min_size=1, samples_per_insert=1.0)
+    return on_policy.trajectory_queue_spec(self.sequence_length, self.batch_size, self.reward_clip)

@@ -7,16 +7,13 @@ import jax.numpy as jnp
 import optax
 import rlax
 
+from jrl.agents import on_policy
 from jrl.agents.ppo.config import Config
 from jrl.agents.ppo.networks import Networks
-from jrl.types import Array, LearnerBatch, LearnerFns, Params, PRNGKey, Trajectory
+from jrl.types import Array, LearnerFns, Params, Trajectory
 
 
-class TrainingState(NamedTuple):
-  params: Params
-  opt_state: optax.OptState
-  key: PRNGKey   # minibatch shuffling
-  steps: Array   # [] int32 learner calls
+TrainingState = on_policy.TrainingState  # params, opt_state, key (minibatch shuffling), steps (learner calls)
 
 
 def gae_advantages(reward: Array, discount: Array, end_of_episode: Array, value: Array, next_value: Array,
@@ -75,7 +72,7 @@ default_loss = loss
 
 def make_optimizer(cfg: Config) -> optax.GradientTransformation:
   """The default optimiser: global-norm clipping, then Adam."""
-  return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(cfg.learning_rate, eps=cfg.adam_eps))
+  return on_policy.clipped_adam(cfg)
 
 
 def make_learner(networks: Networks, cfg: Config, loss: Optional[LossFn] = None,
@@ -88,44 +85,18 @@ def make_learner(networks: Networks, cfg: Config, loss: Optional[LossFn] = None,
   loss_fn = default_loss if loss is None else loss
   optimizer = make_optimizer(cfg) if optimizer is None else optimizer
 
-  def init(key) -> TrainingState:
-    params_key, key = jax.random.split(key)
-    params = networks.init(params_key)
-    return TrainingState(params, optimizer.init(params), key, jnp.zeros((), jnp.int32))
-
   def minibatch_loss(params, data: Minibatch):
     return loss_fn(networks, params, data, cfg)
 
-  def update(state: TrainingState, batch: LearnerBatch):
-    traj: Trajectory = batch.transitions  # [B, T, ...]
-    _, value = jax.vmap(networks.apply, in_axes=(None, 0))(state.params, traj.observation)
-    _, next_value = jax.vmap(networks.apply, in_axes=(None, 0))(state.params, traj.next_observation)
+  def prepare(params, traj: Trajectory):  # [B, T, ...] -> Minibatch [B * T, ...]
+    _, value = jax.vmap(networks.apply, in_axes=(None, 0))(params, traj.observation)
+    _, next_value = jax.vmap(networks.apply, in_axes=(None, 0))(params, traj.next_observation)
     advantage = jax.vmap(gae_advantages, in_axes=(0, 0, 0, 0, 0, None, None))(
         traj.reward, traj.discount, traj.end_of_episode, value, next_value, cfg.discount, cfg.gae_lambda)
     data = Minibatch(traj.observation, traj.action, traj.extras["log_prob"], advantage,
                      jax.lax.stop_gradient(advantage + value))
     data = jax.tree_util.tree_map(lambda x: jnp.asarray(x).reshape((-1,) + x.shape[2:]), data)  # [B * T, ...]
-    num = data.advantage.shape[0]
+    return data, {"advantage_mean": jnp.mean(advantage)}
 
-    def epoch(carry, _):
-      params, opt_state, key = carry
-      key, perm_key = jax.random.split(key)
-      order = jax.random.permutation(perm_key, num).reshape(cfg.num_minibatches, -1)
-
-      def minibatch(carry, indices):
-        params, opt_state = carry
-        (_, metrics), grads = jax.value_and_grad(minibatch_loss, has_aux=True)(
-            params, jax.tree_util.tree_map(lambda x: x[indices], data))
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), metrics
-
-      (params, opt_state), metrics = jax.lax.scan(minibatch, (params, opt_state), order)
-      return (params, opt_state, key), metrics
-
-    (params, opt_state, key), metrics = jax.lax.scan(epoch, (state.params, state.opt_state, state.key), None,
-                                                      length=cfg.num_epochs)
-    metrics = jax.tree_util.tree_map(jnp.mean, metrics)
-    metrics["advantage_mean"] = jnp.mean(advantage)
-    return TrainingState(params, opt_state, key, state.steps + 1), metrics
-
-  return LearnerFns(init=init, update=update, params=lambda state: state.params)
+  return on_policy.make_minibatch_learner(networks.init, minibatch_loss, optimizer, prepare, cfg.num_epochs,
+                                          cfg.num_minibatches)

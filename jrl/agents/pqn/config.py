@@ -3,9 +3,9 @@
 import dataclasses
 from typing import Tuple
 
-from jrl.errors import ConfigError, require_positive, require_unit_interval
+from jrl.agents import on_policy
+from jrl.errors import require_positive, require_unit_interval
 from jrl.networks import check_network_fields
-from jrl.replay.kinds import TrajectoryQueue
 from jrl.replay.spec import ReplaySpec
 
 
@@ -47,12 +47,9 @@ class Config:
                      "batch_size", "epsilon_decay_steps")
     require_unit_interval(self, "discount", "q_lambda", "epsilon_init", "epsilon_final", "eval_epsilon")
     self.replay_spec()  # validates the replay fields (sequence_length and reward_clip: the item kind's)
-    if (self.batch_size * self.sequence_length) % self.num_minibatches:
-      raise ConfigError("num_minibatches", f"must divide batch_size x sequence_length "
-                                           f"({self.batch_size * self.sequence_length}), got {self.num_minibatches}")
+    on_policy.check_num_minibatches(self.batch_size, self.sequence_length, self.num_minibatches)
     check_network_fields(self.hidden_sizes, self.torso)
 
   def replay_spec(self) -> ReplaySpec:
     """A queue of a few calls' worth of trajectories; each is used by exactly one call."""
-    return ReplaySpec(kind=TrajectoryQueue(sequence_length=self.sequence_length, reward_clip=self.reward_clip),
-                      block_size=1, max_size=4 * self.batch_size, min_size=1, samples_per_insert=1.0)
+    return on_policy.trajectory_queue_spec(self.sequence_length, self.batch_size, self.reward_clip)

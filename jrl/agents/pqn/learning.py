@@ -7,16 +7,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jrl.agents import on_policy
 from jrl.agents.pqn.config import Config
 from jrl.agents.pqn.networks import Networks
-from jrl.types import Array, LearnerBatch, LearnerFns, Params, PRNGKey, Trajectory
+from jrl.types import Array, LearnerFns, Params, Trajectory
 
 
-class TrainingState(NamedTuple):
-  params: Params
-  opt_state: optax.OptState
-  key: PRNGKey   # minibatch shuffling
-  steps: Array   # [] int32 learner calls
+TrainingState = on_policy.TrainingState  # params, opt_state, key (minibatch shuffling), steps (learner calls)
 
 
 def q_lambda_targets(reward: Array, discount: Array, end_of_episode: Array, next_q_max: Array,
@@ -66,7 +63,7 @@ default_loss = loss
 
 def make_optimizer(cfg: Config) -> optax.GradientTransformation:
   """The default optimiser: global-norm clipping, then Adam."""
-  return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(cfg.learning_rate, eps=cfg.adam_eps))
+  return on_policy.clipped_adam(cfg)
 
 
 def make_learner(networks: Networks, cfg: Config, loss: Optional[LossFn] = None,
@@ -80,44 +77,17 @@ def make_learner(networks: Networks, cfg: Config, loss: Optional[LossFn] = None,
   loss_fn = default_loss if loss is None else loss
   optimizer = make_optimizer(cfg) if optimizer is None else optimizer
 
-  def init(key) -> TrainingState:
-    params_key, key = jax.random.split(key)
-    params = networks.init(params_key)
-    return TrainingState(params, optimizer.init(params), key, jnp.zeros((), jnp.int32))
-
   def minibatch_loss(params, data: Minibatch):
     return loss_fn(networks, params, data, cfg)
 
-  def update(state: TrainingState, batch: LearnerBatch):
-    traj: Trajectory = batch.transitions  # [B, T, ...]
+  def prepare(params, traj: Trajectory):  # [B, T, ...] -> Minibatch [B * T, ...]
     b, t = traj.reward.shape[:2]
     flat = lambda x: jnp.asarray(x).reshape((b * t,) + x.shape[2:])
-    next_q = networks.apply(state.params, flat(traj.next_observation))  # [B * T, A]
+    next_q = networks.apply(params, flat(traj.next_observation))  # [B * T, A]
     next_q_max = jax.lax.stop_gradient(jnp.max(next_q, axis=-1).reshape(b, t))
     targets = jax.vmap(q_lambda_targets, in_axes=(0, 0, 0, 0, None, None))(
         traj.reward, traj.discount, traj.end_of_episode, next_q_max, cfg.discount, cfg.q_lambda)
-    data = Minibatch(flat(traj.observation), flat(traj.action), targets.reshape(b * t))
-    num = b * t
+    return Minibatch(flat(traj.observation), flat(traj.action), targets.reshape(b * t)), {}
 
-    def epoch(carry, _):
-      params, opt_state, key = carry
-      key, perm_key = jax.random.split(key)
-      order = jax.random.permutation(perm_key, num).reshape(cfg.num_minibatches, -1)
-
-      def minibatch(carry, indices):
-        params, opt_state = carry
-        (_, metrics), grads = jax.value_and_grad(minibatch_loss, has_aux=True)(
-            params, jax.tree_util.tree_map(lambda x: x[indices], data))
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        metrics = {**metrics, "grad_norm": optax.tree.norm(grads)}
-        return (optax.apply_updates(params, updates), opt_state), metrics
-
-      (params, opt_state), metrics = jax.lax.scan(minibatch, (params, opt_state), order)
-      return (params, opt_state, key), metrics
-
-    (params, opt_state, key), metrics = jax.lax.scan(epoch, (state.params, state.opt_state, state.key), None,
-                                                      length=cfg.num_epochs)
-    metrics = jax.tree_util.tree_map(jnp.mean, metrics)
-    return TrainingState(params, opt_state, key, state.steps + 1), metrics
-
-  return LearnerFns(init=init, update=update, params=lambda state: state.params)
+  return on_policy.make_minibatch_learner(networks.init, minibatch_loss, optimizer, prepare, cfg.num_epochs,
+                                          cfg.num_minibatches, with_grad_norm=True)
