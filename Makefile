@@ -5,7 +5,7 @@ SEED ?= 0
 ENV ?= CartPole-v1
 AGENT ?= dqn
 
-.PHONY: setup setup-core train test test-all test-core lint bench digests docs clean
+.PHONY: setup setup-core train test test-all test-long test-core lint bench digests docs clean
 
 setup:
 	@bash scripts/setup_venv.sh
@@ -14,12 +14,16 @@ train: setup
 	$(PY) -m launch.train --agent $(AGENT) --env $(ENV) --seed $(SEED) --steps $(STEPS)
 
 # The fast tier (a few minutes): everything but the tests marked slow (learning to a threshold,
-# real Launchpad programs, Slurm, whole commands). `make test-all` runs both tiers (CI does).
+# real Launchpad programs, Slurm, whole commands). `make test-all` runs both tiers (CI does);
+# `make test-long` the learning runs of many minutes that CI leaves out (marked long).
 test: setup
 	bash scripts/run_tests.sh -m "not slow" $(PYTEST_ARGS)
 
 test-all: setup
-	bash scripts/run_tests.sh $(PYTEST_ARGS)
+	bash scripts/run_tests.sh -m "not long" $(PYTEST_ARGS)
+
+test-long: setup
+	bash scripts/run_tests.sh -m long $(PYTEST_ARGS)
 
 # The pure core on Python 3.12 (.venv-core/, requirements-core-py312.txt): no Reverb, Launchpad or
 # TensorFlow; tests marked distributed or device are deselected (tests/conftest.py).

@@ -2,7 +2,9 @@
 
 Tiers: tests that train to a threshold or start real programs (Launchpad, Slurm, whole
 `launch.*` commands) are marked `slow`. `make test` runs the rest (`-m "not slow"`, a few
-minutes); `make test-all` runs everything (CI).
+minutes); `make test-all` runs both (CI). Tests marked `long` as well (learning runs of many
+minutes, e.g. to a threshold across a three-host Slurm cluster) run only with `make test-long`;
+each has a short sibling in the slow tier that checks the same wiring.
 
 Installs: tests that need the distributed stack (reverb, launchpad, TensorFlow: the
 jrl[distributed] extra, Python 3.10) are marked `needs_reverb`; tests of the device backend
@@ -42,6 +44,7 @@ def pytest_configure(config):
                           "Python 3.10)")
   config.addinivalue_line("markers", "needs_gymnax: needs gymnax (the device backend)")
   config.addinivalue_line("markers", "slow: trains to a threshold or starts real programs (make test-all)")
+  config.addinivalue_line("markers", "long: a learning run of many minutes (make test-long; not in make test-all)")
   config._jrl_passed = 0
 
 
