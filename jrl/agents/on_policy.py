@@ -1,7 +1,7 @@
 """Pieces shared by the agents that learn from the on-policy trajectory queue: its replay spec
 (PPO, PQN, IMPALA), and for those that run epochs of shuffled minibatches over each learner
-call's trajectories (PPO, PQN): the config check of the minibatch split, the default optimiser,
-the training state, the epochs themselves and the learner built on them."""
+call's trajectories (PPO, PQN): the config check of the minibatch split, the training state,
+the epochs themselves and the learner built on them."""
 
 from typing import Any, Callable, Dict, NamedTuple, Tuple
 
@@ -71,10 +71,6 @@ def epochs_of_minibatches(loss_fn: MinibatchLoss, optimizer: optax.GradientTrans
   (params, opt_state, key), metrics = jax.lax.scan(epoch, (params, opt_state, key), None, length=num_epochs)
   return params, opt_state, key, jax.tree_util.tree_map(jnp.mean, metrics)
 
-
-def clipped_adam(cfg: Any) -> optax.GradientTransformation:
-  """Global-norm clipping to cfg.max_grad_norm, then Adam (cfg.learning_rate, eps cfg.adam_eps)."""
-  return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(cfg.learning_rate, eps=cfg.adam_eps))
 
 
 class TrainingState(NamedTuple):

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import optax
 import rlax
 
+from jrl.agents import modules
 from jrl.agents.dqn.config import Config
 from jrl.agents.dqn.networks import Networks
 from jrl.types import Array, LearnerBatch, LearnerFns, Params
@@ -51,7 +52,7 @@ default_loss = loss
 
 def make_optimizer(cfg: Config) -> optax.GradientTransformation:
   """The default optimiser: global-norm clipping, then Adam."""
-  return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(cfg.learning_rate, eps=cfg.adam_eps))
+  return modules.clipped_adam(cfg)
 
 
 def make_learner(networks: Networks, cfg: Config, loss: Optional[LossFn] = None,

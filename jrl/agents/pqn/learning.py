@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jrl.agents import on_policy
+from jrl.agents import modules, on_policy
 from jrl.agents.pqn.config import Config
 from jrl.agents.pqn.networks import Networks
 from jrl.types import Array, LearnerFns, Params, Trajectory
@@ -63,7 +63,7 @@ default_loss = loss
 
 def make_optimizer(cfg: Config) -> optax.GradientTransformation:
   """The default optimiser: global-norm clipping, then Adam."""
-  return on_policy.clipped_adam(cfg)
+  return modules.clipped_adam(cfg)
 
 
 def make_learner(networks: Networks, cfg: Config, loss: Optional[LossFn] = None,

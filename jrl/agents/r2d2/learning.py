@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import optax
 import rlax
 
+from jrl.agents import modules
 from jrl.agents.r2d2.config import Config
 from jrl.agents.r2d2.networks import Networks, unroll
 from jrl.replay.sequence_adder import RecurrentSequence, is_first
@@ -92,7 +93,7 @@ LossFn = Callable[[Networks, Params, Params, LearnerBatch, Config], Tuple[Array,
 
 
 def make_optimizer(cfg: Config) -> optax.GradientTransformation:
-  return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(cfg.learning_rate, eps=cfg.adam_eps))
+  return modules.clipped_adam(cfg)
 
 
 def make_learner(networks: Networks, cfg: Config, loss: Optional[LossFn] = None,
