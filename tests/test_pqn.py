@@ -165,7 +165,7 @@ def test_pqn_through_a_reverb_queue(tmp_path):
 
 @pytest.mark.slow
 def test_defaults_reach_475_on_cartpole_within_100k_steps(tmp_path):
-  """Seed 0, deterministic replay (measured: 475 first reached at 15k env steps)."""
+  """Seed 0, deterministic replay."""
   from jrl.experiment.runner import run
   exp = ExperimentConfig(agent="pqn", env="CartPole-v1", seed=0, steps=100_000, deterministic=True,
                          stop_at_threshold=True, eval_every=5_000, run_dir=str(tmp_path / "pqn"), progress_seconds=0)
@@ -177,7 +177,7 @@ def test_defaults_reach_475_on_cartpole_within_100k_steps(tmp_path):
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_defaults_reach_475_on_gymnax_cartpole_on_device_within_100k_steps(tmp_path):
-  """Seed 0, the device backend's defaults (8 envs; measured: 475 first reached at 24k env steps)."""
+  """Seed 0, the device backend's defaults (8 envs)."""
   from jrl.device.runner import run_device
   exp = ExperimentConfig(agent="pqn", env="gymnax:CartPole-v1", backend="device", seed=0, steps=100_000,
                          eval_every=5_000, stop_at_threshold=True, run_dir=str(tmp_path / "pqn"), progress_seconds=0)
