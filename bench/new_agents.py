@@ -10,8 +10,10 @@
                MinAtar row in docs/agents/ppo.md (both listed in PAIRS below).
 
 Each run is `python -m launch.train` in its own process and folder, one after another (run it
-on a quiet machine: the wall times are compared). Prints one line per run and the ratios of
-each pair (new / reference), and writes them as JSON.
+on a quiet machine: the wall times are compared). With --side_by_side the two runs of a pair
+go at once, each pinned to a core of its own with XLA on one thread, so that both see the same
+machine (the pair takes about half the time on two cores). Prints one line per run and the
+ratios of each pair (new / reference), and writes them as JSON.
 """
 
 import argparse
@@ -40,15 +42,26 @@ PAIRS = {
 }
 
 
-def run(name: str, flags, folder: str, seed: int, steps=None) -> dict:
+def start(name: str, flags, folder: str, seed: int, steps=None, core=None):
+  """Starts one run; on `core` (an int) it is pinned there with XLA on one thread."""
   run_dir = os.path.join(folder, name)
   budget = ["--steps", str(steps)] if steps else []  # after the pair's own --steps: the last one counts
   command = [sys.executable, "-m", "launch.train", *flags, *budget, "--seed", str(seed), "--run_dir", run_dir,
              "--progress_seconds", "60", "--checkpoint_every_seconds", "0"]
   print("$", " ".join(command[1:]), flush=True)
-  start = time.monotonic()
-  subprocess.run(command, cwd=ROOT, check=True)
-  wall = time.monotonic() - start
+  env, pin = dict(os.environ), None
+  if core is not None:
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                        " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip()
+    pin = lambda: os.sched_setaffinity(0, {core})  # noqa: E731 (runs in the child before exec)
+  return name, run_dir, time.monotonic(), subprocess.Popen(command, cwd=ROOT, env=env, preexec_fn=pin)
+
+
+def finish(started) -> dict:
+  name, run_dir, start_time, process = started
+  if process.wait() != 0:
+    raise SystemExit(f"new_agents: run {name} failed with exit code {process.returncode}")
+  wall = time.monotonic() - start_time
   summary = json.load(open(os.path.join(run_dir, "summary.json")))
   row = {"run": name, "eval_return": summary["eval_return"], "best_eval_return": summary["best_eval_return"],
          "env_steps": summary["actor_steps"], "learner_steps": summary["learner_steps"],
@@ -63,6 +76,8 @@ def main():
   parser.add_argument("--only", default="", help="comma-separated pairs (default: all): " + ", ".join(PAIRS))
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--out", default="new_agents.json")
+  parser.add_argument("--side_by_side", action="store_true",
+                      help="run each pair's two runs at once, one per core (needs 2 cores)")
   parser.add_argument("--steps", nargs="*", default=[], metavar="PAIR=N",
                       help="a smaller (or larger) env-step budget for a pair, e.g. halfcheetah=100000")
   args = parser.parse_args()
@@ -79,7 +94,13 @@ def main():
   for pair in names:
     (new, new_flags), (ref, ref_flags) = PAIRS[pair]
     steps = budgets.get(pair)
-    rows = [run(new, new_flags, folder, args.seed, steps), run(ref, ref_flags, folder, args.seed, steps)]
+    if args.side_by_side:
+      started = [start(new, new_flags, folder, args.seed, steps, core=0),
+                 start(ref, ref_flags, folder, args.seed, steps, core=1)]
+      rows = [finish(s) for s in started]
+    else:
+      rows = [finish(start(new, new_flags, folder, args.seed, steps)),
+              finish(start(ref, ref_flags, folder, args.seed, steps))]
     ratio = {"wall": rows[0]["wall_seconds"] / rows[1]["wall_seconds"],
              "best_eval_minus_reference": rows[0]["best_eval_return"] - rows[1]["best_eval_return"]}
     results[pair] = {"runs": rows, "ratio": ratio}
