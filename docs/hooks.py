@@ -121,16 +121,12 @@ def _groups(cls: Type) -> List[Tuple[str, List[dataclasses.Field]]]:
 
 
 def config_table(cls: Type) -> str:
-  from launch import cli
-  hidden = set(getattr(cli, "HIDDEN_FIELDS", ()))  # test-only flags that --help leaves out
   hints = typing.get_type_hints(cls)
   rows = ["| flag | type | default | meaning |", "|---|---|---|---|"]
   for heading, fields in _groups(cls):
     if heading:
       rows.append(f"| **{_cell(heading)}** | | | |")
     for field in fields:
-      if field.name in hidden:
-        continue
       rows.append(f"| `--{field.name}` | {_cell(_type_name(hints[field.name]))} | "
                   f"`{_cell(_default_text(field.default))}` | {_cell(_doc(cls, field.name))} |")
   return "\n".join(rows)

@@ -69,10 +69,6 @@ def _field_doc(cls: Type, name: str) -> str:
   return ""
 
 
-# Fields that exist for the project's own fault tests: flags that work but are not listed in --help.
-HIDDEN_FIELDS = ("crash_learner_after", "crash_actor_after")
-
-
 def add_grouped_flags(parser: argparse.ArgumentParser, cls: Type, groups, title_prefix: str = "") -> None:
   """One flag per field of `cls`, under one `--help` heading per group: `groups` is a sequence of
   (name, description, field names) that together name every field once."""
@@ -96,9 +92,6 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: Type, title: str, 
       hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
     default = field.default
     doc = _field_doc(cls, field.name)
-    if field.name in HIDDEN_FIELDS:
-      group.add_argument(f"--{field.name}", type=hint, default=None, help=argparse.SUPPRESS)
-      continue
     if hint is bool:
       group.add_argument(f"--{field.name}", type=parse_bool, nargs="?", const=True, default=None,
                          metavar="BOOL", help=f"{doc} (default {default})")

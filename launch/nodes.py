@@ -48,7 +48,7 @@ from jrl.outage import Outage, ServiceLost
 from jrl.replay import reverb_replay
 from jrl.replay.adders import make_block_writer
 from jrl.replay.batches import items_per_fetch
-from launch import liveness
+from launch import faults, liveness
 from launch.supervisor import INCARNATION_ENV, RUN_DIR_ENV
 
 # Node processes import this module before they make any array: their loops all wait for
@@ -340,6 +340,7 @@ class LearnerNode:
     self._checkpoint_lock = threading.Lock()
     self._publish_lock = threading.Lock()
     self._publish = [0.0, 0]  # seconds and copies spent handing out new parameters (RPC threads)
+    self._faults = faults.from_environment()
 
   def version(self) -> int:
     self._ready.wait()
@@ -448,8 +449,7 @@ class LearnerNode:
       except StopIteration:  # the program is stopping
         break
       version = self._learner.version
-      if exp.crash_learner_after and version >= exp.crash_learner_after:
-        raise RuntimeError(f"injected learner failure after {version} calls (crash_learner_after)")
+      self._faults.check_learner(version)
       if version % DIGEST_EVERY == 0:
         log(f"[learner] params_digest at version {version}: {params_digest(self._learner.get_variables()[0])}")
       now = time.monotonic()
@@ -478,6 +478,7 @@ class ActorNode:
     self._id, self._exp, self._cfg = actor_id, exp, agent_cfg
     self._replay, self._learner, self._counter, self._inference = replay, learner, counter, inference
     self._session = session
+    self._faults = faults.from_environment()
 
   def run(self):
     exit_soon_after_stop()
@@ -531,8 +532,7 @@ class ActorNode:
     last_time, last_steps = time.monotonic(), 0
     while not lp.stop_event().is_set():
       returns += actor.step().returns
-      if exp.crash_actor_after and self._id == 0 and actor.env_steps >= exp.crash_actor_after:
-        raise RuntimeError(f"injected actor failure after {actor.env_steps} env steps (crash_actor_after)")
+      self._faults.check_actor(self._id, actor.env_steps)
       now = time.monotonic()
       if now - last_time >= LOG_SECONDS:
         counts = wait_unless_stopped(self._counter.futures.increment(actor_steps=actor.env_steps - last_steps,

@@ -15,9 +15,11 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from launch import faults
 from launch.cli import OneLineParser, add_dataclass_flags, add_grouped_flags, build_config, fail, given_fields
 
 PROG = "python -m launch.train"
+FAULT_FLAGS = tuple(faults.FLAGS)  # launch/faults.py's environment variable, as flags
 # Set once an embedded run has finished and written everything (see `_exit`).
 _finished_embedded_run = False
 
@@ -62,6 +64,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       exp = build_config(ExperimentConfig, args)
       agent_cfg = build_config(agent.Config, args)
     exp.check_given_flags(given_fields(ExperimentConfig, args))
+    _inject_faults(args, exp)
     exp = resolve_paths(exp)  # relative folders against the working directory, once
     if exp.backend == "device":
       from jrl.device.runner import run_device  # gymnax envs; checks the env id itself
@@ -105,6 +108,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   return 0
 
 
+def _inject_faults(args, exp) -> None:
+  """--crash_* flags -> launch/faults.py's environment variable, which the program's nodes read."""
+  from jrl.errors import ConfigError
+  given = {flag: getattr(args, flag) for flag in FAULT_FLAGS if getattr(args, flag) is not None}
+  if not given:
+    return
+  if not exp.distributed:
+    raise ConfigError(next(iter(given)), "applies to --distributed runs only")
+  faults.to_environment(faults.Faults(**{faults.FLAGS[flag]: value for flag, value in given.items()}))
+
+
 def _where_to_continue(run_dir: str) -> str:
   """What an interrupted run kept, and the command that continues it."""
   from jrl.experiment.checkpoint import describe_latest
@@ -124,6 +138,8 @@ def make_parser(agent_name: str, agent, prog: str = PROG) -> OneLineParser:
   add_dataclass_flags(parser, agent.Config, f"agent '{agent_name}' (known agents: {', '.join(sorted(AGENTS))})")
   parser.add_argument("--verbose", action="store_true",
                       help="also show native libraries' info lines (Reverb's '[reverb/cc/...]')")
+  for flag in FAULT_FLAGS:  # the project's fault tests (launch/faults.py); not listed
+    parser.add_argument(f"--{flag}", type=int, default=None, help=argparse.SUPPRESS)
   return parser
 
 

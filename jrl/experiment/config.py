@@ -18,7 +18,7 @@ DISTRIBUTED_ONLY = frozenset({
     "num_actors", "inference", "num_inference_servers", "inference_timeout_ms", "variable_update_period",
     "lp_launch_type", "launcher", "hosts", "placement", "host_command", "host_deadline_seconds", "max_restarts",
     "restart_backoff_seconds",
-    "service_deadline_seconds", "crash_learner_after", "crash_actor_after",
+    "service_deadline_seconds",
 })
 
 
@@ -34,7 +34,7 @@ FIELD_GROUPS = (
     ("distributed", "the Launchpad program (--distributed)",
      ("distributed", "num_actors", "inference", "num_inference_servers", "inference_timeout_ms",
       "variable_update_period", "lp_launch_type", "max_restarts", "restart_backoff_seconds",
-      "service_deadline_seconds", "crash_learner_after", "crash_actor_after")),
+      "service_deadline_seconds")),
     ("launcher", "where a distributed program runs (--launcher slurm / template)",
      ("launcher", "hosts", "placement", "host_command", "host_deadline_seconds")),
     ("device", "the on-device loop", ("backend",)),
@@ -88,8 +88,6 @@ class ExperimentConfig:
   max_restarts: int = 3              # restarts allowed per actor, evaluator or inference node
   restart_backoff_seconds: float = 1.0  # first wait before a restart; doubles with each restart of a node
   service_deadline_seconds: float = 60.0  # how long actors retry a lost replay or inference server
-  crash_learner_after: int = 0       # fault injection for tests: the learner raises after this many calls
-  crash_actor_after: int = 0         # fault injection for tests: actor 0 raises after this many of its env steps
 
   def __post_init__(self):
     require_positive(self, "steps", "num_envs", "updates_per_call", "prefetch", "eval_every", "eval_episodes",
