@@ -39,7 +39,7 @@ from jrl.experiment.builder import build_acting_parts, build_agent_parts, exampl
 from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import CHECKPOINTS_DIR, SUMMARY_FILE, write_json
-from jrl.experiment.logging import MetricsLogger, Progress
+from jrl.experiment.logging import MetricsLogger, Progress, TensorBoard, last_step
 from jrl.experiment.runner import REVERB_REPLAY_DIR, reverb_batches
 from jrl.learners import distributed, sharding
 from jrl.learners.learner import Learner, params_digest
@@ -178,12 +178,15 @@ def continued_exploration(state: Any, env_steps: float) -> Any:
   return state._replace(env_steps=np.full(np.shape(state.env_steps), int(env_steps), np.asarray(state.env_steps).dtype))
 
 
-def metrics_logger(session: Session, role: str, **kwargs) -> MetricsLogger:
-  """The node's metrics; a restarted or resumed node appends to its predecessor's rows
-  (a resumed run has cut them back to its checkpoint)."""
+def metrics_logger(session: Session, role: str, step_key: str = "actor_steps") -> MetricsLogger:
+  """The node's metrics, in its CSV and its own TensorBoard folder (tensorboard/<role>/); a
+  restarted or resumed node appends to its predecessor's rows (a resumed run has cut them back
+  to its checkpoint) and has TensorBoard drop the predecessor's points after the last of them."""
   path = os.path.join(session.run_dir, "metrics", f"{role}.csv")
   resume_from = os.path.getsize(path) if continues(session) and os.path.exists(path) else None
-  return MetricsLogger(session.run_dir, role, resume_from=resume_from, **kwargs)
+  last = last_step(path, step_key) if resume_from is not None else None
+  tb = TensorBoard(session.run_dir, subdir=role, continue_after=last, flush_each=True)
+  return MetricsLogger(session.run_dir, role, tb, step_key=step_key, resume_from=resume_from)
 
 
 def exit_soon_after_stop(grace_seconds: float = 5.0) -> None:

@@ -54,6 +54,13 @@ def test_program_runs_end_to_end_and_exits_cleanly(tmp_path):
     versions = [float(row["policy_version"]) for row in csv.DictReader(open(path))]
     assert len(versions) >= 2 and versions[-1] > versions[0], (path, versions)
   assert len(glob.glob(str(run_dir / "metrics" / "actor*.csv"))) == 2
+  # TensorBoard: each node's rows in its own folder, every row a point (TensorBoard's own reader).
+  from test_tensorboard import _scalars
+  for role, step_key in (("evaluator", "actor_steps"), ("actor0", "actor_steps"), ("learner", "learner_steps")):
+    rows = list(csv.DictReader(open(run_dir / "metrics" / f"{role}.csv")))
+    column = "eval_return" if role == "evaluator" else next(k for k in rows[0] if k != step_key)
+    points = _scalars(run_dir / "tensorboard" / role)[f"{role}/{column}"]
+    assert [step for step, _ in points] == [int(float(row[step_key])) for row in rows], (role, points)
   assert os.path.exists(run_dir / "plots" / "learning_curve.png")
   assert os.path.exists(run_dir / "logs" / "learner" / "0")
   assert "steps " in out.stdout  # progress lines reach the launcher's terminal

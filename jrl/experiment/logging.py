@@ -46,10 +46,17 @@ def cut_rows(path: str, column: str, limit: float) -> None:
 
 
 class TensorBoard:
-  """Scalars into `RUN_DIR/tensorboard/` event files; resumable at a saved position."""
+  """Scalars into `RUN_DIR/tensorboard/` event files (or its folder `subdir`: one per node of a
+  distributed run); resumable at a saved position.
 
-  def __init__(self, run_dir: str, resume_from: Optional[Dict[str, int]] = None):
-    self.logdir = os.path.join(run_dir, "tensorboard")
+  `continue_after` (a step): a node that continues its predecessor's events (restarted, or in a
+  resumed run) marks where it takes over; TensorBoard then drops the earlier files' points from
+  the next step on, as the node's CSV was cut back. `flush_each`: every row reaches the file at
+  once (a node process can end at any moment)."""
+
+  def __init__(self, run_dir: str, resume_from: Optional[Dict[str, int]] = None, subdir: str = "",
+               continue_after: Optional[int] = None, flush_each: bool = False):
+    self.logdir = os.path.join(run_dir, "tensorboard", subdir) if subdir else os.path.join(run_dir, "tensorboard")
     if resume_from is not None and os.path.isdir(self.logdir):
       for name in os.listdir(self.logdir):
         path = os.path.join(self.logdir, name)
@@ -59,12 +66,19 @@ class TensorBoard:
           os.unlink(path)
     self._writer = EventFileWriter(self.logdir)
     self._known = dict(resume_from or {})
+    self._flush_each = flush_each
+    if continue_after is not None:  # a session START: TensorBoard purges the points at its step and after
+      self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(continue_after) + 1,
+                                             session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
+      self._writer.flush()
 
   def add_scalars(self, prefix: str, step: int, row: Dict[str, float], skip: str = "") -> None:
     values = [summary_pb2.Summary.Value(tag=f"{prefix}/{k}", simple_value=float(v))
               for k, v in row.items() if k != skip and isinstance(v, (int, float))]
     self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=step,
                                            summary=summary_pb2.Summary(value=values)))
+    if self._flush_each:
+      self._writer.flush()
 
   def position(self) -> Dict[str, int]:
     self._writer.flush()
@@ -115,6 +129,15 @@ class MetricsLogger:
 
   def close(self) -> None:
     self._file.close()
+
+
+def last_step(path: str, step_key: str) -> Optional[int]:
+  """The `step_key` of the last row of a metrics CSV (None: no file or no rows)."""
+  if not os.path.exists(path):
+    return None
+  with open(path, newline="") as f:
+    rows = list(csv.DictReader(f))
+  return int(float(rows[-1][step_key])) if rows else None
 
 
 def open_metric_logs(run_dir: str, roles, positions: Optional[Dict] = None) -> Tuple[TensorBoard, Dict[str, MetricsLogger]]:
