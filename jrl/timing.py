@@ -41,9 +41,10 @@ COLLECT = "collect"              # an inference server waiting for more actors' 
 REPLY = "reply"                  # an inference server encoding its replies and waking the callers
 IDLE = "idle"                    # nothing to do
 OTHER = "other"                  # bookkeeping: metrics, logging, the loop itself
+DEVICE_LOOP = "device_loop"      # the device backend's compiled chunks: envs, policy, replay and learner in one
 
 PHASES = (ENV, POLICY, INFERENCE_WAIT, INSERT, RATE_LIMIT_WAIT, SAMPLE_WAIT, SAMPLE, ASSEMBLE, PLACE, UPDATE,
-          PARAM_FETCH, EVAL, CHECKPOINT, COMPILE, COLLECT, REPLY, QUEUE_WAIT, IDLE, OTHER)
+          PARAM_FETCH, DEVICE_LOOP, EVAL, CHECKPOINT, COMPILE, COLLECT, REPLY, QUEUE_WAIT, IDLE, OTHER)
 WAITING = frozenset({INFERENCE_WAIT, RATE_LIMIT_WAIT, SAMPLE_WAIT, QUEUE_WAIT, COLLECT, IDLE})
 
 

@@ -33,14 +33,13 @@ from jrl.experiment import report
 from jrl.experiment.builder import build_agent_parts
 from jrl.experiment.checkpoint import Checkpointer, checkpoint_to_resume
 from jrl.experiment.config import ExperimentConfig
-from jrl.experiment.files import SUMMARY_FILE, prepare_run_dir, resolve_paths, write_json
+from jrl.experiment.files import REPORT_FILE, SUMMARY_FILE, prepare_run_dir, resolve_paths, write_json
 from jrl.experiment.logging import cut_rows
 from jrl.experiment.runner import REVERB_REPLAY_DIR
 from launch import cluster, liveness, loopback, nodes, supervisor
 
 # Nodes that hold no state others depend on: restarted when they fail.
 RESTARTABLE_GROUPS = ("actor", "evaluator", "inference")
-REPORT_FILE = "report.md"
 REPORT_NOTES = (
     "Times are this session's, per node, each from its start (after its set-up) to its end; a "
     "restarted node's incarnations are summed. Each node's phases add up to its wall time. "

@@ -219,7 +219,7 @@ def test_ppo_reaches_475_on_gymnax_cartpole_and_writes_the_run_directory(tmp_pat
   assert summary["steps_to_threshold"] is not None and summary["best_eval_return"] >= 475, summary
   assert summary["loop_compiles"] == 0
   for name in ("config.json", "summary.json", "metrics/actor.csv", "metrics/learner.csv", "metrics/evaluator.csv",
-               "plots/learning_curve.png", "policies/best.msgpack", "policies/final.json"):
+               "plots/learning_curve.png", "policies/best.msgpack", "policies/final.json", "report.md"):
     assert (run_dir / name).is_file(), name
   assert any(name.startswith("events.out.tfevents") for name in os.listdir(run_dir / "tensorboard"))
   saved = json.loads((run_dir / "summary.json").read_text())
@@ -309,8 +309,17 @@ def test_launch_evaluate_repeats_a_device_runs_evaluation(tmp_path, capsys):
   """launch.evaluate on a device run plays the snapshot's own evaluation again, on device: the
   same mean return the run recorded; a video is refused in one line (gymnax envs do not render)."""
   from launch import evaluate
-  _short_run(tmp_path, "run", "dqn", 2_048)
+  summary = _short_run(tmp_path, "run", "dqn", 2_048)
   run_dir = str(tmp_path / "run")
+  # The run report, as every kind of run writes one: the compiled loop, evaluation and compilation
+  # are the host thread's phases, and they add up to the run's wall time.
+  report_text = (tmp_path / "run" / "report.md").read_text()
+  phases = summary["phase_seconds"]["main"]
+  assert set(phases) == {"device_loop", "eval", "compile", "other"}, phases
+  assert abs(sum(phases.values()) - summary["wall_seconds"]) <= 0.01 * summary["wall_seconds"], summary
+  assert phases["device_loop"] > 0 and phases["compile"] > 0
+  assert summary["bottleneck"] in ("device loop", "evaluation", "other")
+  assert f"**bottleneck: {summary['bottleneck']}**" in report_text and summary["bottleneck_advice"] in report_text
   for which in ("best", "final"):
     recorded = json.loads((tmp_path / "run" / "policies" / f"{which}.json").read_text())
     capsys.readouterr()

@@ -18,17 +18,17 @@ import numpy as np
 from jrl import jit_cache
 from jrl.device.loop import Carry, DeviceLoop, build_device_parts, evaluation_key, make_plan
 from jrl.errors import ConfigError
-from jrl.experiment import plots
+from jrl.experiment import plots, report
 from jrl.experiment.bookkeeping import EvalHistory
 from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule, FailedWrites, checkpoint_to_resume
 from jrl.experiment.config import ExperimentConfig
-from jrl.experiment.files import SUMMARY_FILE, prepare_run_dir, write_json
+from jrl.experiment.files import REPORT_FILE, SUMMARY_FILE, prepare_run_dir, write_json
 from jrl.experiment.logging import Progress, metric_log_positions, open_metric_logs
 from jrl.experiment.snapshots import save_policy
 from jrl.gymnax_envs import GymnaxVecEnv, reward_threshold
 from jrl.learners import sharding
 from jrl.learners.learner import params_digest
-from jrl.timing import BACKEND_COMPILE_EVENT, COMPILE_EVENTS
+from jrl.timing import BACKEND_COMPILE_EVENT, COMPILE, COMPILE_EVENTS, DEVICE_LOOP, EVAL, OTHER, NodeTimes
 
 ROLES = ("actor", "learner", "evaluator")
 
@@ -268,12 +268,13 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
 
   wall = elapsed()
   clock.active = False
+  result, report_fields = write_run_report(run_dir, exp, host, wall, compile_seconds)
   summary = {
       "agent": exp.agent, "env": exp.env, "seed": exp.seed, "replay": "device",
       "actor_steps": host.env_steps, "learner_steps": host.learner_steps, "episodes": host.episodes_total,
       "wall_seconds": round(wall, 3), **host.history.summary(),
       "learner_devices": int(mesh.devices.size), "learner_processes": 1, "resumed": saved is not None,
-      "checkpoints": [os.path.basename(p) for p in checkpointer.all()],
+      "checkpoints": [os.path.basename(p) for p in checkpointer.all()], **report_fields,
       "backend": "device", "num_envs": plan.num_envs, "chunk_steps": plan.chunk_steps,
       "compile_seconds": round(compile_seconds, 3), "jax_compile_seconds": round(clock.seconds, 3),
       "setup_seconds": round(setup_seconds, 3),
@@ -286,6 +287,7 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
   }
   write_json(os.path.join(run_dir, SUMMARY_FILE), summary)
   plots.plot_learning_curve(run_dir, f"{exp.agent} on {exp.env}, seed {exp.seed} (device)", threshold)
+  progress.maybe_print(f"report: {result.advice} ({os.path.join(run_dir, REPORT_FILE)})", force=True)
   progress.maybe_print(f"done: {host.env_steps} steps in {wall:.1f}s (compile {compile_seconds:.1f}s, "
                        f"{summary['env_steps_per_second']:.0f} env-steps/s) | eval {summary['eval_return']:.1f} "
                        f"(best {summary['best_eval_return']:.1f}) | steps to threshold "
@@ -293,6 +295,21 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
   failed_writes.check(run_dir)
   summary["run_dir"] = run_dir
   return summary
+
+
+def write_run_report(run_dir: str, exp: ExperimentConfig, host: HostState, wall: float, compile_seconds: float):
+  """RUN_DIR/report.md of a device run, as the other runs write theirs: the host's one thread spent
+  its time in the compiled chunks, in evaluation, compiling (this session's programs) and on the
+  rest (set-up, metrics, snapshots, checkpoints; a resumed run's earlier compiles). (verdict,
+  summary.json fields)."""
+  phases = {DEVICE_LOOP: host.loop_seconds, EVAL: host.eval_seconds, COMPILE: compile_seconds}
+  phases[OTHER] = max(wall - sum(phases.values()), 0.0)
+  loop_seconds = max(host.loop_seconds, 1e-9)
+  rates = {"env_steps_per_second": host.env_steps / loop_seconds,
+           "updates_per_second": host.learner_steps / loop_seconds}
+  title = f"{exp.agent} on {exp.env}, seed {exp.seed}, on device: where the time went"
+  return report.write_report(run_dir, [NodeTimes("main", "device", phases, wall)], rates, title,
+                             file_name=REPORT_FILE)
 
 
 def log_rows(exp: ExperimentConfig, loop: DeviceLoop, host: HostState, loggers, progress, loop_seconds: float,

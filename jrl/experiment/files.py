@@ -17,6 +17,7 @@ from jrl.errors import ConfigError
 
 CONFIG_FILE = "config.json"
 SUMMARY_FILE = "summary.json"
+REPORT_FILE = "report.md"  # the run report (jrl.experiment.report), every kind of run
 CHECKPOINTS_DIR = "checkpoints"
 POLICIES_DIR = "policies"
 

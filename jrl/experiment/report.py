@@ -37,7 +37,7 @@ import dataclasses
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from jrl.timing import (  # noqa: F401  (the timer and its phases live in the core: jrl.timing)
-    ASSEMBLE, CHECKPOINT, COLLECT, COMPILE, COMPILE_EVENTS, ENV, EVAL, IDLE, INFERENCE_WAIT, INSERT, NULL_TIMER, OTHER,
+    ASSEMBLE, CHECKPOINT, COLLECT, COMPILE, COMPILE_EVENTS, DEVICE_LOOP, ENV, EVAL, IDLE, INFERENCE_WAIT, INSERT, NULL_TIMER, OTHER,
     PARAM_FETCH, PHASES, PLACE, POLICY, QUEUE_WAIT, RATE_LIMIT_WAIT, REPLY, SAMPLE, SAMPLE_WAIT, UPDATE, WAITING,
     NodeTimes, NullTimer, PhaseTimer, _CompileWatch, unwatch_compiles, watch_compiles)
 
@@ -47,7 +47,7 @@ BOTTLENECK_OF = {
     ENV: "env", POLICY: "policy", INFERENCE_WAIT: "inference", INSERT: "replay", RATE_LIMIT_WAIT: "learner",
     SAMPLE_WAIT: "replay", SAMPLE: "replay", ASSEMBLE: "replay", PLACE: "replay", UPDATE: "learner",
     PARAM_FETCH: "params", EVAL: "evaluation", CHECKPOINT: "checkpoint", COMPILE: "compile", QUEUE_WAIT: "learner",
-    COLLECT: "env", REPLY: "inference", IDLE: "other", OTHER: "other",
+    COLLECT: "env", REPLY: "inference", IDLE: "other", OTHER: "other", DEVICE_LOOP: "device loop",
 }
 DOING = {
     ENV: "steps the envs", POLICY: "runs the policy", INFERENCE_WAIT: "waits on the inference server",
@@ -58,6 +58,7 @@ DOING = {
     COMPILE: "compiles JAX programs", COLLECT: "waits for actors' requests to fill a batch",
     REPLY: "encodes replies",
     QUEUE_WAIT: "waits on a full queue", IDLE: "idles", OTHER: "does bookkeeping (metrics, logs, the loop)",
+    DEVICE_LOOP: "runs the compiled loop (envs, policy, replay and learner on the device)",
 }
 CHANGE = {
     "env": "add actors (--distributed --num_actors) or use a faster env; more envs per actor (--num_envs) "
@@ -73,6 +74,8 @@ CHANGE = {
     "evaluation": "raise --eval_every or lower --eval_episodes",
     "checkpoint": "raise --checkpoint_every_seconds / --checkpoint_every_steps",
     "other": "raise --log_every and --progress_seconds",
+    "device loop": "the loop is the run, as intended; for more env steps per second step more envs at once "
+                   "(--num_envs) or add devices (--learner_devices)",
 }
 
 

@@ -30,7 +30,7 @@ from jrl.experiment.bookkeeping import EvalHistory
 from jrl.experiment.builder import build_acting_parts, example_item, make_actor, success_threshold
 from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule, FailedWrites, checkpoint_to_resume
 from jrl.experiment.config import ExperimentConfig
-from jrl.experiment.files import CHECKPOINTS_DIR, SUMMARY_FILE, write_json
+from jrl.experiment.files import CHECKPOINTS_DIR, REPORT_FILE, SUMMARY_FILE, write_json
 from jrl.experiment.logging import Progress, metric_log_positions, open_metric_logs
 from jrl.experiment.snapshots import save_policy
 from jrl.learners import distributed, sharding
@@ -41,7 +41,6 @@ from jrl.replay.buffer import SeededReplayBuffer
 from jrl.replay.local import calls_due
 
 ROLES = ("actor", "learner", "evaluator")
-REPORT_FILE = "report.md"
 REPORT_NOTES = (
     "Times are this session's (a resumed run reports the part after its resume). `main` is the "
     "runner's thread: it steps the envs, runs the policy, adds to replay, calls the learner, "
