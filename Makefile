@@ -14,13 +14,19 @@ train: setup
 	$(PY) -m launch.train --agent $(AGENT) --env $(ENV) --seed $(SEED) --steps $(STEPS)
 
 # The fast tier (a few minutes): everything but the tests marked slow (learning to a threshold,
-# real Launchpad programs, Slurm, whole commands). `make test-all` runs both tiers (CI does);
+# real Launchpad programs, Slurm, whole commands), one pytest worker per core (PARALLEL; a test
+# file's tests share a worker). `make test-all` runs both tiers (CI does): the fast one so, then the
+# slow one a test at a time (its programs and clusters each want the whole machine).
 # `make test-long` the learning runs of many minutes that CI leaves out (marked long).
+PARALLEL ?= -n auto --dist loadfile
+
 test: setup
-	bash scripts/run_tests.sh -m "not slow" $(PYTEST_ARGS)
+	bash scripts/run_tests.sh -m "not slow" $(PARALLEL) $(PYTEST_ARGS)
 
 test-all: setup
-	bash scripts/run_tests.sh -m "not long" $(PYTEST_ARGS)
+	bash scripts/run_tests.sh -m "not slow" $(PARALLEL) $(PYTEST_ARGS); fast=$$?; \
+	bash scripts/run_tests.sh -m "slow and not long" $(PYTEST_ARGS); slow=$$?; \
+	[ $$fast -eq 0 ] && [ $$slow -eq 0 ]
 
 test-long: setup
 	bash scripts/run_tests.sh -m long $(PYTEST_ARGS)
