@@ -53,7 +53,7 @@ def run_one(kind: str, args, out_path: str) -> None:
   if kind == "device":
     exp = ExperimentConfig(env="gymnax:CartPole-v1", backend="device", num_envs=args.device_envs, **common)
     summary = run_device(exp, ppo.Config(**device_agent_args(args.device_envs)))
-    loop_start.append(t0 + summary["setup_seconds"])  # its loop compiles nothing (ahead of time)
+    loop_start.append(t0 + summary["details"]["setup_seconds"])  # its loop compiles nothing (ahead of time)
   else:
     from jrl.experiment import runner
 
@@ -84,7 +84,7 @@ def run_one(kind: str, args, out_path: str) -> None:
     rates = [float(r["steps_per_second"]) for r in csv.DictReader(f)]
   # Steady state: the device loop's own rate (acting + learning, no evaluation, no compile);
   # for the embedded runner the median of its per-row rates (acting + learning between rows).
-  steady = summary["env_steps_per_second"] if kind == "device" else float(np.median(rates[1:] or rates))
+  steady = summary["rates"]["env_steps_per_second"] if kind == "device" else float(np.median(rates[1:] or rates))
   figures = {"kind": kind, "wall": wall, "compile": clock.seconds,
              "backend_compile": clock.by_event.get("/jax/core/compile/backend_compile_duration", 0.0),
              "time_to_threshold": compute,

@@ -57,10 +57,11 @@ def run(n: int, placement: str, args) -> dict:
     sys.exit(f"{placement} x{n} failed:\n{out.stderr[-3000:]}")
   with open(os.path.join(run_dir, "run", "summary.json")) as f:
     summary = json.load(f)
-  return {"rate": steady_rate(os.path.join(run_dir, "run")), "batch_mean": summary.get("inference_batch_mean"),
-          "run_rate": summary.get("run_env_steps_per_second") or float("nan"),
-          "batch_sizes": summary.get("inference_batch_sizes", {}),
-          "bottleneck": summary.get("bottleneck_advice", "-"), "busy_cores": summary.get("busy_cores")}
+  details, rates = summary["details"], summary["rates"]
+  return {"rate": steady_rate(os.path.join(run_dir, "run")), "batch_mean": details.get("inference_batch_mean"),
+          "run_rate": rates.get("run_env_steps_per_second") or float("nan"),
+          "batch_sizes": details.get("inference_batch_sizes", {}),
+          "bottleneck": summary.get("bottleneck_advice") or "-", "busy_cores": rates.get("busy_cores")}
 
 
 def main():

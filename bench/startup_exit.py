@@ -47,10 +47,10 @@ def run_once(args, extra, run_dir: str):
   with open(os.path.join(run_dir, "summary.json")) as f:
     summary = json.load(f)
   return {
-      "to_first_step": summary["first_step_unix"] - started,
-      "last_step_to_done": done_at - summary["last_step_unix"],
+      "to_first_step": summary["details"]["first_step_unix"] - started,
+      "last_step_to_done": done_at - summary["details"]["last_step_unix"],
       "done_to_exit": exited - done_at,
-      "after_last_step": exited - summary["last_step_unix"],
+      "after_last_step": exited - summary["details"]["last_step_unix"],
       "total": exited - started,
       "bottleneck": summary.get("bottleneck"),
   }

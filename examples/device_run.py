@@ -33,7 +33,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   agent_cfg = get_agent(args.agent).Config()
   summary = run_device(exp, agent_cfg)
   print(f"{args.agent} on {args.env}: best eval {summary['best_eval_return']:.1f}, "
-        f"{summary['env_steps_per_second']:.0f} env-steps/s in the loop | {summary['run_dir']}")
+        f"{summary['rates']['env_steps_per_second']:.0f} env-steps/s in the loop | {summary['run_dir']}")
   return 0
 
 

@@ -35,6 +35,7 @@ from jrl.experiment.checkpoint import Checkpointer, checkpoint_to_resume
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import REPORT_FILE, SUMMARY_FILE, prepare_run_dir, resolve_paths, write_json
 from jrl.experiment.logging import cut_rows
+from jrl.experiment.summary import with_report
 from jrl.experiment.runner import REVERB_REPLAY_DIR
 from launch import cluster, liveness, loopback, nodes, supervisor
 
@@ -219,7 +220,8 @@ def report_inputs(books: List[Mapping[str, Any]], summary: Mapping[str, Any], sp
              and (not lead_only or k == f"{key}:learner/0")]
     return sum(v / w for v, w in pairs if w > 0) if pairs else None
 
-  inserted, sampled = summary.get("replay_items_inserted"), summary.get("replay_items_sampled")
+  details = summary["details"]
+  inserted, sampled = details.get("replay_items_inserted"), details.get("replay_items_sampled")
   spi = None
   if inserted is not None and sampled is not None:
     counted = spec.kind.counted_inserts(0, inserted, spec.min_items)
@@ -248,19 +250,18 @@ def report_inputs(books: List[Mapping[str, Any]], summary: Mapping[str, Any], sp
 
 
 def write_run_report(run_dir: str, session: nodes.Session, exp: ExperimentConfig, agent_cfg,
-                     summary: Dict[str, Any], cores: Optional[int]) -> report.Verdict:
-  """Writes RUN_DIR/report.md from the nodes' books and adds the verdict, rates and phase
-  seconds to `summary` (the caller writes it)."""
+                     summary: Dict[str, Any], cores: Optional[int], **details: Any):
+  """Writes RUN_DIR/report.md from the nodes' books; (verdict, `summary` with the report's verdict,
+  rates and phase seconds, and `details` added: the caller writes it)."""
   spec = build_agent_parts(exp.agent, exp.env, agent_cfg).replay_spec
   node_times, rates, extras = report_inputs(read_node_books(run_dir, session.number), summary, spec)
   title = f"{exp.agent} on {exp.env}, seed {exp.seed}, distributed ({exp.num_actors} actors, " \
           f"inference {exp.inference}): where the time went"
   result, fields = report.write_report(run_dir, node_times, rates, title, extras, REPORT_FILE, cores)
-  summary.update(fields)
-  if "inference batch sizes (requests per batch: batches)" in extras:
-    summary["inference_batch_sizes"] = {str(k): v for k, v in
-                                        extras["inference batch sizes (requests per batch: batches)"].items()}
-  return result
+  batch_sizes = extras.get("inference batch sizes (requests per batch: batches)")
+  if batch_sizes:
+    details["inference_batch_sizes"] = {str(k): v for k, v in batch_sizes.items()}
+  return result, with_report(summary, fields, **details)
 
 
 class ProgramStopped(KeyboardInterrupt):
@@ -348,10 +349,11 @@ def launch_program(built: BuiltProgram) -> Dict[str, Any]:
   with open(summary_path) as f:
     summary = json.load(f)
   restarts = restart_counts(run_dir)
-  summary.update(restarts=restarts, restarts_total=sum(restarts.values()),
-                 lost_hosts=sorted(lost), lost_nodes=liveness.lost_nodes(lost))
   # One machine's cores are the budget of a local launch; hosts of a cluster each have theirs.
-  result = write_run_report(run_dir, session, exp, agent_cfg, summary, os.cpu_count() if placement is None else None)
+  result, summary = write_run_report(run_dir, session, exp, agent_cfg, summary,
+                                     os.cpu_count() if placement is None else None, restarts=restarts,
+                                     restarts_total=sum(restarts.values()), lost_hosts=sorted(lost),
+                                     lost_nodes=liveness.lost_nodes(lost))
   write_json(summary_path, summary)
   print(f"report: {result.advice} ({os.path.join(run_dir, REPORT_FILE)})", flush=True)
   summary["run_dir"] = run_dir

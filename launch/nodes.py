@@ -40,6 +40,7 @@ from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import CHECKPOINTS_DIR, SUMMARY_FILE, write_json
 from jrl.experiment.logging import MetricsLogger, Progress, TensorBoard, last_step
+from jrl.experiment.summary import make_summary
 from jrl.experiment.runner import REVERB_REPLAY_DIR, reverb_batches
 from jrl.learners import distributed, sharding
 from jrl.learners.learner import Learner, params_digest
@@ -693,27 +694,26 @@ class EvaluatorNode:
     server_stats = self._server_stats()
     replay_info = self._replay.server_info()[reverb_replay.TABLE] if self._replay is not None else None
     batches = sum(s["batches"] for s in server_stats)
-    summary = {
-        "agent": exp.agent, "env": exp.env, "seed": exp.seed, "replay": "reverb", "distributed": True,
-        "inference": exp.inference, "num_actors": exp.num_actors,
-        "actor_steps": int(actor_steps), "learner_steps": int(counts.get("learner_steps", 0)),
-        "episodes": int(counts.get("episodes", 0)), "wall_seconds": round(counts.get("wall_seconds", 0.0), 3),
-        **history.summary(),
-        "learner_devices": sharding.make_mesh(exp.learner_devices).devices.size,
-        "learner_processes": exp.num_processes,
-        "resumed": self._session.number > 0, "checkpoints": [os.path.basename(p) for p in
-                                                             Checkpointer(run_dir).all()],
-        "final_checkpoint": os.path.basename(final_checkpoint),
-        "inference_batch_mean": (sum(s["batch_mean"] * s["batches"] for s in server_stats) / batches
-                                 if batches else None),
-        "policy_lag_mean": counts.get("policy_lag_sum", 0.0) / max(counts.get("policy_lag_count", 0.0), 1.0),
-        "learner_version": int(version),
-        **({"replay_size": int(replay_info.current_size),
-            "replay_items_inserted": int(replay_info.rate_limiter_info.insert_stats.completed),
-            "replay_items_sampled": int(replay_info.rate_limiter_info.sample_stats.completed)}
-           if replay_info is not None else {}),
-        "params_digest": params_digest(params),
-    }
+    # The launcher adds the run report, restarts and lost hosts (launch/distributed.py).
+    summary = make_summary(
+        exp=exp, kind="distributed", replay="reverb", actor_steps=actor_steps,
+        learner_steps=counts.get("learner_steps", 0), episodes=counts.get("episodes", 0),
+        wall_seconds=counts.get("wall_seconds", 0.0), history=history.summary(),
+        learner_devices=sharding.make_mesh(exp.learner_devices).devices.size, learner_processes=exp.num_processes,
+        resumed=self._session.number > 0, checkpoints=[os.path.basename(p) for p in Checkpointer(run_dir).all()],
+        params_digest=params_digest(params), failed_writes=[], report_fields=None,
+        details={
+            "inference": exp.inference, "num_actors": exp.num_actors,
+            "final_checkpoint": os.path.basename(final_checkpoint),
+            "inference_batch_mean": (sum(s["batch_mean"] * s["batches"] for s in server_stats) / batches
+                                     if batches else None),
+            "policy_lag_mean": counts.get("policy_lag_sum", 0.0) / max(counts.get("policy_lag_count", 0.0), 1.0),
+            "learner_version": int(version),
+            **({"replay_size": int(replay_info.current_size),
+                "replay_items_inserted": int(replay_info.rate_limiter_info.insert_stats.completed),
+                "replay_items_sampled": int(replay_info.rate_limiter_info.sample_stats.completed)}
+               if replay_info is not None else {}),
+        })
     write_json(os.path.join(run_dir, SUMMARY_FILE), summary)
     plots.plot_learning_curve(run_dir, f"{exp.agent} on {exp.env}, seed {exp.seed} (distributed)",
                               history.threshold)

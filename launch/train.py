@@ -82,12 +82,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       except RuntimeError as e:  # a node failed; the report names it and its error
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
+      details = summary["details"]
       print(f"done: {summary['actor_steps']} env steps, eval {summary['eval_return']:.1f} "
             f"(best {summary['best_eval_return']:.1f}), steps to threshold {summary['steps_to_threshold']}, "
-            f"inference batch mean {summary['inference_batch_mean']}, policy lag mean "
-            f"{summary['policy_lag_mean']:.2f}"
-            + (f", lost hosts {', '.join(summary['lost_hosts'])} (nodes {', '.join(summary['lost_nodes'])})"
-               if summary.get("lost_hosts") else "") + f" | {summary['run_dir']}", flush=True)
+            f"inference batch mean {details['inference_batch_mean']}, policy lag mean "
+            f"{details['policy_lag_mean']:.2f}"
+            + (f", lost hosts {', '.join(details['lost_hosts'])} (nodes {', '.join(details['lost_nodes'])})"
+               if details["lost_hosts"] else "") + f" | {summary['run_dir']}", flush=True)
     else:
       if not args.verbose:
         from launch.quiet import hide_native_chatter

@@ -204,7 +204,7 @@ def test_r2d2_learns_gymnax_cartpole_in_the_loop(tmp_path):
   u = exp.updates_per_call
   assert summary["learner_steps"] == u * calls_due(written, cfg.replay_spec(), u * cfg.batch_size) > 0
   assert summary["best_eval_return"] >= 200, summary  # a random policy: ~22
-  assert summary["loop_compiles"] == 0
+  assert summary["details"]["loop_compiles"] == 0
 
 
 @pytest.mark.slow
@@ -217,15 +217,16 @@ def test_ppo_reaches_475_on_gymnax_cartpole_and_writes_the_run_directory(tmp_pat
                          eval_every=2_500, stop_at_threshold=True, run_dir=str(run_dir), progress_seconds=0)
   summary = run_device(exp, ppo.Config())
   assert summary["steps_to_threshold"] is not None and summary["best_eval_return"] >= 475, summary
-  assert summary["loop_compiles"] == 0
+  assert summary["details"]["loop_compiles"] == 0
   for name in ("config.json", "summary.json", "metrics/actor.csv", "metrics/learner.csv", "metrics/evaluator.csv",
                "plots/learning_curve.png", "policies/best.msgpack", "policies/final.json", "report.md"):
     assert (run_dir / name).is_file(), name
   assert any(name.startswith("events.out.tfevents") for name in os.listdir(run_dir / "tensorboard"))
   saved = json.loads((run_dir / "summary.json").read_text())
-  for key in ("params_digest", "eval_return", "steps_to_threshold", "wall_seconds", "compile_seconds",
-              "env_steps_per_second"):
+  for key in ("params_digest", "eval_return", "steps_to_threshold", "wall_seconds", "rates", "details"):
     assert key in saved, key
+  assert saved["kind"] == "device" and saved["details"]["compile_seconds"] > 0
+  assert saved["rates"]["env_steps_per_second"] > 0
   best = json.loads((run_dir / "policies" / "best.json").read_text())
   assert set(best) == {"actor_steps", "learner_steps", "eval_return", "eval_index", "eval_seed", "eval_episodes"}
   assert best["eval_return"] >= 475
@@ -373,7 +374,7 @@ def test_two_devices_learn_as_one(tmp_path):
   for agent in ("ppo", "dqn", "r2d2"):
     one, two = out[f"{agent}1"], out[f"{agent}2"]
     assert (one["summary"]["learner_devices"], two["summary"]["learner_devices"]) == (1, 2)
-    assert one["summary"]["loop_compiles"] == two["summary"]["loop_compiles"] == 0
+    assert one["summary"]["details"]["loop_compiles"] == two["summary"]["details"]["loop_compiles"] == 0
     assert one["summary"]["learner_steps"] == two["summary"]["learner_steps"] > 0
     if agent == "ppo":
       # Calls of 8 epochs x 4 minibatches: the reduction order's last-bit differences grow over that

@@ -41,14 +41,15 @@ def test_program_runs_end_to_end_and_exits_cleanly(tmp_path):
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   assert leftover == [], leftover
   summary = json.load(open(run_dir / "summary.json"))
-  assert summary["distributed"] and summary["inference"] == "server"
+  assert summary["kind"] == "distributed" and summary["details"]["inference"] == "server"
   assert summary["actor_steps"] >= 3000
-  assert summary["replay_items_inserted"] > 0 and summary["replay_items_sampled"] > 0
-  assert summary["learner_steps"] > 0 and summary["learner_version"] > 0
-  assert summary["inference_batch_mean"] > 1.0  # two actors share server batches
+  details = summary["details"]
+  assert details["replay_items_inserted"] > 0 and details["replay_items_sampled"] > 0
+  assert summary["learner_steps"] > 0 and details["learner_version"] > 0
+  assert details["inference_batch_mean"] > 1.0  # two actors share server batches
   # Actors refresh their parameters every variable_update_period steps while the learner goes on:
   # they act with parameters some learner calls old, never newer than the learner's.
-  assert 0 < summary["policy_lag_mean"] < summary["learner_version"], summary["policy_lag_mean"]
+  assert 0 < details["policy_lag_mean"] < details["learner_version"], details["policy_lag_mean"]
   # Actors acted with parameters whose version increased over the run.
   for path in sorted(glob.glob(str(run_dir / "metrics" / "actor*.csv"))):
     versions = [float(row["policy_version"]) for row in csv.DictReader(open(path))]
@@ -77,10 +78,10 @@ def test_program_runs_end_to_end_and_exits_cleanly(tmp_path):
   for actor in ("actor/0", "actor/1"):
     assert phases[actor]["env"] > 0 and phases[actor]["inference_wait"] > 0 and phases[actor]["insert"] > 0
   assert phases["inference/0"]["policy"] > 0 and phases["learner/0"]["update"] > 0
-  assert summary["env_steps_per_second"] > 0 and summary["updates_per_second"] > 0
-  assert summary["samples_per_insert"] > 0
+  assert summary["rates"]["env_steps_per_second"] > 0 and summary["rates"]["updates_per_second"] > 0
+  assert summary["rates"]["samples_per_insert"] > 0
   # Every answered request is in the batch-size histogram: at least one per actor step counted.
-  answered = sum(int(k) * v for k, v in summary["inference_batch_sizes"].items())
+  answered = sum(int(k) * v for k, v in details["inference_batch_sizes"].items())
   assert answered >= 3000 / 4
   assert "## inference batch sizes" in text and "## policy lag" in text
   # The learner node starts from the parameters the embedded runner starts from, for the same seed.
@@ -91,7 +92,7 @@ def test_program_runs_end_to_end_and_exits_cleanly(tmp_path):
                                   deterministic=True, run_dir=str(tmp_path / "embedded")),
                  dqn.Config(min_replay_size=500, hidden_sizes=(32, 32)))
   learner_log = open(run_dir / "logs" / "learner" / "0").read()
-  assert f"initial params_digest {embedded['initial_params_digest']}" in learner_log
+  assert f"initial params_digest {embedded['details']['initial_params_digest']}" in learner_log
 
 
 def test_a_dying_learner_stops_the_program_with_its_error(tmp_path):

@@ -143,7 +143,7 @@ def test_killing_an_actor_hosts_processes_is_survived_or_named(slurm, tmp_path):
   out, err = proc.communicate(timeout=600)
   assert proc.returncode == 0, out[-3000:] + err[-3000:]
   summary = json.load(open(os.path.join(run_dir, "summary.json")))
-  assert summary["restarts"].get("actor/1") == 1, summary
+  assert summary["details"]["restarts"].get("actor/1") == 1, summary
   assert _run_processes(run_dir) == []
 
 
@@ -203,7 +203,7 @@ def test_slurm_launch_example_runs_on_the_cluster(slurm, tmp_path):
                         "--eval_episodes", "2"], cwd=ROOT, env=slurm, capture_output=True, text=True, timeout=900)
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   summary = json.load(open(os.path.join(run_dir, "summary.json")))
-  assert summary["actor_steps"] >= 3000 and summary["inference"] == "server"
+  assert summary["actor_steps"] >= 3000 and summary["details"]["inference"] == "server"
   hosts = {row["host"] for path in glob.glob(os.path.join(run_dir, "metrics", "actor*.csv"))
            for row in csv.DictReader(open(path))}
   assert hosts == {"node2", "node3"}, hosts

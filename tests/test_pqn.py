@@ -183,4 +183,4 @@ def test_defaults_reach_475_on_gymnax_cartpole_on_device_within_100k_steps(tmp_p
                          eval_every=5_000, stop_at_threshold=True, run_dir=str(tmp_path / "pqn"), progress_seconds=0)
   summary = run_device(exp, pqn.Config())
   assert summary["steps_to_threshold"] is not None and summary["best_eval_return"] >= 475, summary
-  assert summary["loop_compiles"] == 0
+  assert summary["details"]["loop_compiles"] == 0

@@ -254,8 +254,8 @@ def test_r2d2_runs_distributed_with_the_state_on_the_inference_server(tmp_path):
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   import json
   summary = json.load(open(run_dir / "summary.json"))
-  assert summary["inference"] == "server" and summary["actor_steps"] >= 4000
-  assert summary["replay_items_inserted"] > 0 and summary["replay_items_sampled"] > 0
+  assert summary["details"]["inference"] == "server" and summary["actor_steps"] >= 4000
+  assert summary["details"]["replay_items_inserted"] > 0 and summary["details"]["replay_items_sampled"] > 0
   assert summary["learner_steps"] > 0
 
 

@@ -132,6 +132,7 @@ def test_report_text_and_summary_fields():
   assert "## inference batch sizes" in text and "| 2 | 7 |" in text
   assert fields["bottleneck"] == "env" and fields["phase_seconds"] == {"main": {"env": 3.0, "update": 0.9,
                                                                                "other": 0.1}}
+  assert fields["rates"] == {"env_steps_per_second": 500.0, "updates_per_second": 120.5, "samples_per_insert": None}
   assert report.phases_add_up(nodes[0])
 
 
@@ -196,7 +197,7 @@ def test_a_slow_env_makes_the_report_name_the_env(tmp_path):
   summary = run(exp, dqn.Config(hidden_sizes=(32, 32), min_replay_size=500, samples_per_insert=16.0))
   main = _check_run(summary)
   assert main["env"] >= 2_000 * 0.002  # every env step slept 2 ms
-  assert summary["env_steps_per_second"] < 500  # 8 envs, 2 ms each per vector step: at most 500/s
+  assert summary["rates"]["env_steps_per_second"] < 500  # 8 envs, 2 ms each per vector step: at most 500/s
 
 
 @pytest.mark.slow
@@ -211,7 +212,7 @@ def test_a_slow_learner_makes_the_report_name_the_learner(tmp_path):
   prefetch = summary["phase_seconds"]["prefetch"]
   assert sum(prefetch.values()) == pytest.approx(summary["phase_wall_seconds"]["prefetch"], rel=0.05)
   # One update per env step once replay holds min_size transitions, as samples_per_insert asks.
-  assert summary["samples_per_insert"] == pytest.approx(32.0, rel=0.15)
+  assert summary["rates"]["samples_per_insert"] == pytest.approx(32.0, rel=0.15)
 
 
 def test_distributed_verdict_steady_state_leaves_compilation_out():
@@ -271,7 +272,8 @@ def test_distributed_report_inputs_merge_incarnations_and_rates():
            book(_node("learner/0", "learner", 20, update=15, sample_wait=5), updates=400, calls=100),
            book(_node("inference/0", "inference", 20, policy=5, idle=15), batch_sizes={"1": 2, "2": 6})]
   spec = ReplaySpec(block_size=1, max_size=1000, min_size=100, samples_per_insert=4.0)
-  summary = {"replay_items_inserted": 1100, "replay_items_sampled": 4000, "actor_steps": 5000, "wall_seconds": 25.0}
+  summary = {"actor_steps": 5000, "wall_seconds": 25.0,
+             "details": {"replay_items_inserted": 1100, "replay_items_sampled": 4000}}
   nodes, rates, extras = report_inputs(books, summary, spec)
   assert [n.name for n in nodes] == ["learner/0", "actor/0", "actor/1", "inference/0"]
   actor0 = nodes[1]

@@ -189,4 +189,4 @@ def test_td3_reaches_minus_200_on_gymnax_pendulum_on_device(tmp_path):
                          run_dir=str(tmp_path / "td3"), progress_seconds=0)
   summary = run_device(exp, td3.Config())
   assert summary["steps_to_threshold"] is not None and summary["best_eval_return"] >= -200.0, summary
-  assert summary["loop_compiles"] == 0
+  assert summary["details"]["loop_compiles"] == 0

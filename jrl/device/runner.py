@@ -25,6 +25,7 @@ from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import REPORT_FILE, SUMMARY_FILE, prepare_run_dir, write_json
 from jrl.experiment.logging import Progress, metric_log_positions, open_metric_logs
 from jrl.experiment.snapshots import save_policy
+from jrl.experiment.summary import make_summary
 from jrl.gymnax_envs import GymnaxVecEnv, reward_threshold
 from jrl.learners import sharding
 from jrl.learners.learner import params_digest
@@ -269,27 +270,22 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
   wall = elapsed()
   clock.active = False
   result, report_fields = write_run_report(run_dir, exp, host, wall, compile_seconds)
-  summary = {
-      "agent": exp.agent, "env": exp.env, "seed": exp.seed, "replay": "device",
-      "actor_steps": host.env_steps, "learner_steps": host.learner_steps, "episodes": host.episodes_total,
-      "wall_seconds": round(wall, 3), **host.history.summary(),
-      "learner_devices": int(mesh.devices.size), "learner_processes": 1, "resumed": saved is not None,
-      "checkpoints": [os.path.basename(p) for p in checkpointer.all()], **report_fields,
-      "backend": "device", "num_envs": plan.num_envs, "chunk_steps": plan.chunk_steps,
-      "compile_seconds": round(compile_seconds, 3), "jax_compile_seconds": round(clock.seconds, 3),
-      "setup_seconds": round(setup_seconds, 3),
-      "loop_seconds": round(host.loop_seconds, 3), "eval_seconds": round(host.eval_seconds, 3),
-      "env_steps_per_second": round(host.env_steps / max(host.loop_seconds, 1e-9), 1),
-      "loop_compiles": clock.backend_compiles - compiles_before_loop,
-      "compilation_cache": cache_dir,
-      "params_digest": params_digest(final_params),
-      "failed_writes": failed_writes.lines,
-  }
+  summary = make_summary(
+      exp=exp, kind="device", replay="device", actor_steps=host.env_steps, learner_steps=host.learner_steps,
+      episodes=host.episodes_total, wall_seconds=wall, history=host.history.summary(),
+      learner_devices=mesh.devices.size, learner_processes=1, resumed=saved is not None,
+      checkpoints=[os.path.basename(p) for p in checkpointer.all()], params_digest=params_digest(final_params),
+      failed_writes=failed_writes.lines, report_fields=report_fields,
+      details={"num_envs": plan.num_envs, "chunk_steps": plan.chunk_steps,
+               "compile_seconds": round(compile_seconds, 3), "jax_compile_seconds": round(clock.seconds, 3),
+               "setup_seconds": round(setup_seconds, 3), "loop_seconds": round(host.loop_seconds, 3),
+               "eval_seconds": round(host.eval_seconds, 3),
+               "loop_compiles": clock.backend_compiles - compiles_before_loop, "compilation_cache": cache_dir})
   write_json(os.path.join(run_dir, SUMMARY_FILE), summary)
   plots.plot_learning_curve(run_dir, f"{exp.agent} on {exp.env}, seed {exp.seed} (device)", threshold)
   progress.maybe_print(f"report: {result.advice} ({os.path.join(run_dir, REPORT_FILE)})", force=True)
   progress.maybe_print(f"done: {host.env_steps} steps in {wall:.1f}s (compile {compile_seconds:.1f}s, "
-                       f"{summary['env_steps_per_second']:.0f} env-steps/s) | eval {summary['eval_return']:.1f} "
+                       f"{summary['rates']['env_steps_per_second']:.0f} env-steps/s) | eval {summary['eval_return']:.1f} "
                        f"(best {summary['best_eval_return']:.1f}) | steps to threshold "
                        f"{summary['steps_to_threshold']} | {run_dir}", force=True)
   failed_writes.check(run_dir)

@@ -221,12 +221,13 @@ def report_markdown(nodes: Sequence[NodeTimes], rates: Mapping[str, Any], result
 
 
 def summary_fields(nodes: Sequence[NodeTimes], rates: Mapping[str, Any], result: Verdict) -> Dict[str, Any]:
-  """The keys a run adds to summary.json: the verdict, rates, and seconds per phase by node."""
+  """The keys a run adds to summary.json (jrl.experiment.summary): the verdict, the rates, and
+  seconds per phase by node."""
   return {
       "bottleneck": result.bottleneck,
       "bottleneck_node": result.node,
       "bottleneck_advice": result.advice,
-      **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in rates.items()},
+      "rates": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in rates.items()},
       "phase_seconds": {n.name: {k: round(v, 4) for k, v in n.phases.items()} for n in nodes},
       "phase_wall_seconds": {n.name: round(n.wall, 4) for n in nodes},
   }

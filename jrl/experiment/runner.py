@@ -31,6 +31,7 @@ from jrl.experiment.builder import build_acting_parts, example_item, make_actor,
 from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule, FailedWrites, checkpoint_to_resume
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import CHECKPOINTS_DIR, REPORT_FILE, SUMMARY_FILE, write_json
+from jrl.experiment.summary import make_summary
 from jrl.experiment.logging import Progress, metric_log_positions, open_metric_logs
 from jrl.experiment.snapshots import save_policy
 from jrl.learners import distributed, sharding
@@ -425,21 +426,20 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   result, report_fields = report.write_report(
       run_dir, nodes, rates, title=f"{exp.agent} on {exp.env}, seed {exp.seed}: where the time went",
       extras={"notes": REPORT_NOTES}, file_name=REPORT_FILE)
-  summary = {
-      "agent": exp.agent, "env": exp.env, "seed": exp.seed, "replay": replay.kind,
-      "actor_steps": actor.env_steps, "learner_steps": learner.steps, "episodes": loop.episodes_total,
-      "wall_seconds": round(wall, 3), **loop.history.summary(),
-      "learner_devices": int(mesh.devices.size), "learner_processes": jax.process_count(),
-      "resumed": saved is not None, "checkpoints": [os.path.basename(p) for p in checkpointer.all()],
-      "initial_params_digest": initial_digest, "params_digest": params_digest(final_params),
-      **report_fields,
-      # When this session's first and last env steps began and ended (time.time()), and the
-      # seconds from the last one to this summary (final evaluation, checkpoint, shutdown).
-      "first_step_unix": round(first_step_unix, 3),
-      "last_step_unix": round(first_step_unix + (last_step - loop_started), 3),
-      "seconds_after_last_step": round(time.perf_counter() - last_step, 3),
-      "failed_writes": failed_writes.lines,
-  }
+  summary = make_summary(
+      exp=exp, kind="embedded", replay=replay.kind, actor_steps=actor.env_steps, learner_steps=learner.steps,
+      episodes=loop.episodes_total, wall_seconds=wall, history=loop.history.summary(),
+      learner_devices=mesh.devices.size, learner_processes=jax.process_count(), resumed=saved is not None,
+      checkpoints=[os.path.basename(p) for p in checkpointer.all()], params_digest=params_digest(final_params),
+      failed_writes=failed_writes.lines, report_fields=report_fields,
+      details={
+          "initial_params_digest": initial_digest,
+          # When this session's first and last env steps began and ended (time.time()), and the
+          # seconds from the last one to this summary (final evaluation, checkpoint, shutdown).
+          "first_step_unix": round(first_step_unix, 3),
+          "last_step_unix": round(first_step_unix + (last_step - loop_started), 3),
+          "seconds_after_last_step": round(time.perf_counter() - last_step, 3),
+      })
   write_json(os.path.join(run_dir, SUMMARY_FILE), summary)
   plots.plot_learning_curve(run_dir, f"{exp.agent} on {exp.env}, seed {exp.seed}", threshold)
   progress.maybe_print(f"report: {result.advice} ({os.path.join(run_dir, REPORT_FILE)})", force=True)
