@@ -135,8 +135,8 @@ def test_custom_agent_and_env_factory_distributed(tmp_path):
                    timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   summary = json.loads((run_dir / "summary.json").read_text())
-  assert (summary["agent"], summary["env"], summary["distributed"]) == ("examples.my_agent",
-                                                                        "examples.envs:masked_cartpole", True)
+  assert (summary["agent"], summary["env"], summary["kind"]) == ("examples.my_agent",
+                                                                 "examples.envs:masked_cartpole", "distributed")
   assert summary["actor_steps"] >= 1500 and summary["learner_steps"] > 0 and summary["evaluations"] >= 1
 
 
@@ -144,7 +144,7 @@ def test_custom_agent_and_env_factory_distributed(tmp_path):
 def test_seed_sweep_example_compares_two_agents_in_one_report(tmp_path, monkeypatch):
   from examples import seed_sweep
   monkeypatch.chdir(tmp_path)  # its folders are relative, as a user gives them
-  status = seed_sweep.main(["--seeds", "0-1", "--steps", "1600", "--out", "cmp", "--deterministic",
+  status = seed_sweep.main(["--seeds", "0-1", "--parallel", "2", "--steps", "1600", "--out", "cmp", "--deterministic",
                             "--eval_every", "800", "--eval_episodes", "2", "--progress_seconds", "0"])
   assert status == 0
   report = json.load(open(tmp_path / "cmp" / "report.json"))
@@ -160,7 +160,7 @@ def test_device_run_example_writes_a_run_directory(tmp_path):
                         str(tmp_path / "device")], cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   summary = json.load(open(tmp_path / "device" / "summary.json"))
-  assert summary["backend"] == "device" and summary["actor_steps"] >= 8192
+  assert summary["kind"] == "device" and summary["actor_steps"] >= 8192
   assert out.stdout.strip().splitlines()[-1].startswith("ppo on gymnax:CartPole-v1: best eval ")
 
 
@@ -174,7 +174,7 @@ def test_launch_script_adds_its_own_node_to_the_program(tmp_path):
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   summary = json.load(open(run_dir / "summary.json"))
-  assert summary["distributed"] and summary["actor_steps"] >= 4000
+  assert summary["kind"] == "distributed" and summary["actor_steps"] >= 4000
   import csv
   rows = list(csv.DictReader(open(run_dir / "metrics" / "noisy_evaluator.csv")))
   assert rows and set(rows[0]) >= {"actor_steps", "learner_version", "noisy_eval_return"}, rows[:1]

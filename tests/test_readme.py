@@ -130,15 +130,26 @@ def _writes_default_run_dir(command: str) -> bool:
       "-m launch.train" in command and "--run_dir" not in command and "--resume" not in command)
 
 
-def _remove_our_run_dir(before, to_run: str, output: str) -> None:
-  """Removes the run folder the command made under the repository's runs/ (see the docstring)."""
+def _check_and_remove_our_run_dir(before, to_run: str, result) -> None:
+  """The run folder the command made under the repository's runs/ (see the docstring): a finished
+  run (its summary, and its final checkpoint: the relative run directories of `make train` once
+  crashed there), named on the command's last line; then removed."""
   made = sorted(_runs_entries() - before)
   ours = [name for name in made if (ROOT / "runs" / name / "config.json").is_file()
           and json.loads((ROOT / "runs" / name / "config.json").read_text())["experiment"]["steps"]
           == _budget_steps(to_run)]
-  for name in ours:
-    shutil.rmtree(ROOT / "runs" / name)
-  assert len(ours) == 1, (made, output[-3000:])
+  stdout = result.stdout
+  try:
+    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+    assert len(ours) == 1, (made, stdout[-3000:])
+    run_dir = ROOT / "runs" / ours[0]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["actor_steps"] >= _budget_steps(to_run) and summary["checkpoints"], summary
+    assert (run_dir / "checkpoints" / summary["checkpoints"][-1]).is_dir()
+    assert str(run_dir) in stdout.strip().splitlines()[-1], stdout[-3000:]  # where the run is, last
+  finally:
+    for name in ours:
+      shutil.rmtree(ROOT / "runs" / name)
 
 
 RUN = [c for c in COMMANDS if c in BUDGETS]
@@ -156,7 +167,7 @@ def test_readme_command_runs_as_typed(command, workdir, capsys):
   with capsys.disabled():
     print(f"\n  {seconds:6.1f} s  exit {result.returncode}  {to_run}")
   if _writes_default_run_dir(command):
-    _remove_our_run_dir(before, to_run, output)
+    _check_and_remove_our_run_dir(before, to_run, result)
   assert result.returncode == 0, output[-5000:]
   for expected in EXPECT.get(command, []):
     if "/" in expected:
