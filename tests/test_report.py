@@ -175,9 +175,9 @@ def _check_run(summary):
   text = open(os.path.join(run_dir, "report.md")).read()
   assert f"**bottleneck: {summary['bottleneck']}**" in text
   saved = json.load(open(os.path.join(run_dir, "summary.json")))
-  for key in ("bottleneck", "bottleneck_advice", "phase_seconds", "env_steps_per_second", "updates_per_second",
-              "samples_per_insert"):
+  for key in ("bottleneck", "bottleneck_advice", "phase_seconds", "rates"):
     assert key in saved, key
+  assert {"env_steps_per_second", "updates_per_second", "samples_per_insert"} <= set(saved["rates"]), saved["rates"]
   main = summary["phase_seconds"]["main"]
   assert sum(main.values()) == pytest.approx(summary["wall_seconds"], rel=0.05), main
   # The verdict is the one its own recorded phases give (which phase wins depends on this machine's
