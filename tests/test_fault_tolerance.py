@@ -128,10 +128,10 @@ def _served_again(log):
   return any("inference server inference/0" in line and "back after" in line for line in log.splitlines())
 
 
-# The same kills and restarts on a budget that ends soon after them (slow tier, CI), and in a run that
-# must still reach the threshold after them (long tier, `make test-long`).
-KILLED_NODE_RUNS = [pytest.param(40_000, False, id="restarts"),
-                    pytest.param(100_000, True, id="to-threshold", marks=pytest.mark.long)]
+# The kills and restarts in a run that must still reach the threshold after them. A variant that ran
+# a fixed 40k budget instead (no threshold) took longer in CI (247 s against about 200 s): the run
+# to the threshold stops sooner. The parameters stay for a shorter variant that is really shorter.
+KILLED_NODE_RUNS = [pytest.param(100_000, True, id="to-threshold")]
 
 
 @pytest.mark.slow
