@@ -12,7 +12,7 @@
 Each run is `python -m launch.train` in its own process and folder, one after another (run it
 on a quiet machine: the wall times are compared). With --side_by_side the two runs of a pair
 go at once, each pinned to a core of its own with XLA on one thread, so that both see the same
-machine (the pair takes about half the time on two cores). Prints one line per run and the
+machine for the whole run. Prints one line per run and the
 ratios of each pair (new / reference), and writes them as JSON.
 """
 
