@@ -31,7 +31,7 @@ from jrl.actors.actor import Actor, LocalPolicy
 from jrl.actors.variables import VariableClient
 from jrl.agents import dqn
 from jrl.experiment import report
-from jrl.experiment import runner
+from jrl.experiment import builder, runner
 from jrl.experiment.builder import build_agent_parts, env_spec_of, example_transition, make_actor
 from jrl.experiment.config import ExperimentConfig
 from jrl.learners import sharding
@@ -166,7 +166,7 @@ def bench_learner(args, cfg, updates_per_call: int):
   exp = ExperimentConfig(env=args.env, updates_per_call=updates_per_call, prefetch=args.prefetch)
   parts = build_agent_parts("dqn", args.env, cfg)
   prefetch_timer = report.PhaseTimer()
-  batches = runner.reverb_batches(address, parts, cfg, exp, cfg.batch_size, mesh, timer=prefetch_timer)
+  batches = builder.reverb_batches(address, parts, cfg, exp, cfg.batch_size, mesh, timer=prefetch_timer)
   learner = Learner(fns, jax.random.PRNGKey(0), batches, mesh=mesh)
   learner.step()
   learner.step()

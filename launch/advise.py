@@ -323,7 +323,7 @@ def _table(reverb, name: str, signature, max_items: int):
 
 def _reverb_replay(address: str, parts, cfg, mesh, stack: contextlib.ExitStack, process=None) -> _Replay:
   from jrl.experiment.config import ExperimentConfig
-  from jrl.experiment.runner import reverb_batches
+  from jrl.experiment.builder import reverb_batches
   from jrl.replay import reverb_replay
 
   writer = reverb_replay.ReverbItemWriter(reverb_replay.reverb.Client(address))

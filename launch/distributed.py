@@ -36,7 +36,7 @@ from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import REPORT_FILE, SUMMARY_FILE, prepare_run_dir, resolve_paths, write_json
 from jrl.experiment.logging import cut_rows
 from jrl.experiment.summary import with_report
-from jrl.experiment.runner import REVERB_REPLAY_DIR
+from jrl.experiment.files import REVERB_REPLAY_DIR
 from launch import cluster, liveness, loopback, nodes, supervisor
 
 # Nodes that hold no state others depend on: restarted when they fail.

@@ -35,13 +35,14 @@ from jrl.actors.variables import VariableClient
 from jrl.errors import Stopped
 from jrl.experiment import plots, report
 from jrl.experiment.bookkeeping import EvalHistory
-from jrl.experiment.builder import build_acting_parts, build_agent_parts, example_item, make_actor, success_threshold
+from jrl.experiment.builder import (build_acting_parts, build_agent_parts, example_item, make_actor, reverb_batches,
+                                    success_threshold)
 from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule
 from jrl.experiment.config import ExperimentConfig
-from jrl.experiment.files import CHECKPOINTS_DIR, SUMMARY_FILE, write_json
+from jrl.experiment.files import CHECKPOINTS_DIR, REVERB_REPLAY_DIR, SUMMARY_FILE, write_json
 from jrl.experiment.logging import MetricsLogger, Progress, TensorBoard, last_step
+from jrl.experiment.run_core import eval_text, evaluation_info, evaluator_row, evaluator_seed
 from jrl.experiment.summary import make_summary
-from jrl.experiment.runner import REVERB_REPLAY_DIR, reverb_batches
 from jrl.learners import distributed, sharding
 from jrl.learners.learner import Learner, params_digest
 from jrl.policies import save_policy
@@ -617,7 +618,7 @@ class EvaluatorNode:
     parts = build_agent_parts(exp.agent, exp.env, cfg)
     saved = wait_unless_stopped(self._counter.futures.get_eval_history())
     history = EvalHistory.from_state(saved) if saved else EvalHistory(success_threshold(exp))
-    seed = seeding.env_seed(exp.seed, "evaluator")
+    seed = evaluator_seed(exp.seed)
     # Evaluation k always uses the same episodes, also when a restarted or resumed evaluator runs it.
     evaluator = Evaluator(exp.env, parts.agent.make_policy(parts.networks, cfg, evaluation=True),
                           exp.eval_episodes, seed=seed, first_index=history.count)
@@ -667,21 +668,19 @@ class EvaluatorNode:
           returns = evaluator.run(params)
         row = history.record(actor_steps, returns)
         self._counter.futures.set_eval_history(history.state())
-        last_eval = {"actor_steps": actor_steps, "learner_steps": counts.get("learner_steps", 0.0),
-                     "eval_return": row["eval_return"], "eval_index": index, "eval_seed": seed,
-                     "eval_episodes": exp.eval_episodes}
-        logger.write({"actor_steps": actor_steps, "learner_steps": counts.get("learner_steps", 0.0),
-                      "learner_version": version, **{k: v for k, v in row.items() if k != "is_best"},
-                      "lost_nodes": len(liveness.lost_nodes(liveness.read_lost(run_dir))),
-                      "wall_seconds": counts.get("wall_seconds", 0.0)})
+        learner_steps = counts.get("learner_steps", 0.0)
+        last_eval = {"actor_steps": actor_steps, "learner_steps": learner_steps,
+                     **evaluation_info(row, index, seed, exp.eval_episodes)}
+        logger.write(evaluator_row(actor_steps, learner_steps, row, counts.get("wall_seconds", 0.0),
+                                   learner_version=version,
+                                   lost_nodes=len(liveness.lost_nodes(liveness.read_lost(run_dir)))))
         if row["is_best"]:
           save_policy(run_dir, "best", params, last_eval)
       elapsed = max(counts.get("wall_seconds", 0.0), 1e-9)
-      latest = history.returns[-1] if history.returns else float("nan")
       lost = liveness.describe_lost(liveness.read_lost(run_dir))  # hosts the launcher found lost
-      progress.maybe_print(f"steps {actor_steps:.0f}/{exp.steps} | {actor_steps / elapsed:.0f} steps/s | "
+      progress.maybe_print(f"steps {actor_steps:.0f}/{exp.steps} | {actor_steps / elapsed:.0f} env-steps/s | "
                            f"updates {counts.get('learner_steps', 0):.0f} | episodes {counts.get('episodes', 0):.0f} | "
-                           f"eval {latest:.1f}" + (f" | lost {lost}" if lost else ""), force=done)
+                           f"eval {eval_text(history)}" + (f" | lost {lost}" if lost else ""), force=done)
       if done or (exp.stop_at_threshold and history.reached):
         break
     else:

@@ -1,15 +1,15 @@
 """The device backend's runs: `run_device` compiles the loop (`jrl.device.loop`) and, between
 its chunks, writes metrics, evaluates, saves policies and checkpoints, and prints progress.
 
-Checkpoints hold the loop's whole carry and the host's counters (`HostState`), so that a
-resumed run ends with the same bytes as one never stopped.
+The run itself (evaluations, metric files, checkpoints, summary) is the run core's
+(`jrl.experiment.run_core`); `DeviceDriver` is what differs: acting and learning happen on device.
+Checkpoints hold the loop's whole carry and the host's counters, so that a resumed run ends
+with the same bytes as one never stopped.
 """
 
-import dataclasses
-import math
 import os
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import jax
 import jax.numpy as jnp
@@ -18,20 +18,13 @@ import numpy as np
 from jrl import jit_cache
 from jrl.device.loop import Carry, DeviceLoop, build_device_parts, evaluation_key, make_plan
 from jrl.errors import ConfigError
-from jrl.experiment import plots, report
-from jrl.experiment.bookkeeping import EvalHistory
-from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule, FailedWrites, checkpoint_to_resume
+from jrl.experiment import report
 from jrl.experiment.config import ExperimentConfig
-from jrl.experiment.files import REPORT_FILE, SUMMARY_FILE, prepare_run_dir, write_json
-from jrl.experiment.logging import Progress, metric_log_positions, open_metric_logs
-from jrl.experiment.snapshots import save_policy
-from jrl.experiment.summary import make_summary
+from jrl.experiment.files import REPORT_FILE
+from jrl.experiment.run_core import RunCore
 from jrl.gymnax_envs import GymnaxVecEnv, reward_threshold
 from jrl.learners import sharding
-from jrl.learners.learner import params_digest
 from jrl.timing import BACKEND_COMPILE_EVENT, COMPILE, COMPILE_EVENTS, DEVICE_LOOP, EVAL, OTHER, NodeTimes
-
-ROLES = ("actor", "learner", "evaluator")
 
 
 class CompileClock:
@@ -68,35 +61,6 @@ class CompileClock:
     return total
 
 
-@dataclasses.dataclass
-class HostState:
-  """What the host keeps between chunks: counters, the metric sums of the row being cut, the
-  evaluation history, and its clocks. Saved in every checkpoint beside the loop's carry."""
-  history: EvalHistory
-  next_log: int
-  next_eval: int
-  pending: Dict[str, float]
-  env_steps: int = 0
-  learner_steps: int = 0
-  episodes_total: int = 0
-  vector_steps: int = 0
-  last_eval: Dict[str, Any] = dataclasses.field(default_factory=dict)
-  last_eval_steps: int = -1
-  loop_seconds: float = 0.0
-  eval_seconds: float = 0.0
-  wall_before: float = 0.0  # wall seconds of the sessions before this one
-  sessions: int = 0         # times the run was resumed
-  # Where the last metric row was cut: loop seconds (chunks only), env steps, learner steps.
-  row_mark: Tuple[float, int, int] = (0.0, 0, 0)
-
-  def state(self) -> Dict[str, Any]:
-    return {**dataclasses.asdict(self), "history": self.history.state()}
-
-  @classmethod
-  def from_state(cls, state: Dict[str, Any]) -> "HostState":
-    return cls(**{**state, "history": EvalHistory.from_state(state["history"])})
-
-
 def carry_to_host(carry: Carry) -> List[np.ndarray]:
   """The carry's leaves as numpy arrays (whole arrays, gathered from every device)."""
   return [np.asarray(x) for x in jax.device_get(jax.tree_util.tree_leaves(carry))]
@@ -112,6 +76,108 @@ def carry_from_host(leaves: List[np.ndarray], carry_shape: Carry, shardings: Car
       raise ConfigError("resume", f"{source}: loop array {i} is {leaf.dtype}{list(leaf.shape)}, this run's loop "
                                   f"has {want.dtype}{list(want.shape)}")
   return jax.device_put(jax.tree_util.tree_unflatten(treedef, leaves), shardings)
+
+
+class DeviceDriver:
+  """The device loop's host side: each `advance` runs one compiled chunk (acting and learning for
+  `plan.chunk_iterations` iterations on device) and cuts the chunk's metric rows."""
+
+  def __init__(self, exp: ExperimentConfig, agent_cfg, env: GymnaxVecEnv, parts, plan, mesh, core: RunCore,
+               clock: CompileClock):
+    self.exp, self.plan, self.core = exp, plan, core
+    self.loop = loop = DeviceLoop(exp, agent_cfg, env, parts, mesh, plan)
+    carry_shape = jax.eval_shape(loop.init, exp.seed)
+    shardings = loop.carry_shardings(carry_shape)
+    if core.saved is None:
+      self.carry = jax.jit(loop.init, static_argnums=0, out_shardings=shardings)(exp.seed)
+    else:
+      self.carry = carry_from_host(core.saved["carry"], carry_shape, shardings, os.path.relpath(core.resume_info.path))
+    compile_start = time.monotonic()
+    chunk_fn = jax.jit(loop.chunk, in_shardings=(shardings, loop.replicated),
+                       out_shardings=(shardings, loop.replicated), donate_argnums=0)
+    calls_example = jax.ShapeDtypeStruct((plan.chunk_iterations,), jnp.int32)
+    self.compiled_chunk = chunk_fn.lower(carry_shape, calls_example).compile()
+    params_shape = jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=loop.replicated),
+        jax.eval_shape(lambda c: loop.learner.params(c.learner_state), carry_shape))
+    key_shape = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=loop.replicated)
+    self.compiled_eval = jax.jit(loop.evaluate).lower(params_shape, key_shape).compile()
+    self.compile_seconds = time.monotonic() - compile_start
+    # Given the learner state alone: the rest of the carry (env states) may hold weakly typed leaves that
+    # the compiled chunk returns strongly typed (gymnax's Pendulum), and any change of type recompiles.
+    self._params_of_state = jax.jit(loop.learner.params, out_shardings=loop.replicated)
+    self.evaluator_seed = core.evaluator_seed
+    # The host's own counters: the metric sums of the row being cut, and the clocks.
+    self.env_steps = self.learner_steps = self.vector_steps = 0
+    self.pending = {"return_sum": 0.0, "episodes": 0, "length_sum": 0, "calls": 0, **{k: 0.0 for k in loop.metric_keys}}
+    self.loop_seconds = self.eval_seconds = 0.0
+    self.row_mark = (0.0, 0, 0)  # where the last row was cut: loop seconds (chunks only), env steps, learner steps
+    if core.saved is not None:
+      host = core.restore_books(core.saved["host"])
+      self.env_steps, self.learner_steps, self.vector_steps = host["env_steps"], host["learner_steps"], host["vector_steps"]
+      self.pending, self.row_mark = host["pending"], tuple(host["row_mark"])
+      self.loop_seconds, self.eval_seconds = host["loop_seconds"], host["eval_seconds"]
+    self.samples_per_call = loop.updates_per_call * loop.batch_size
+    self.params()  # compiled now: the loop itself compiles nothing
+    jax.device_put(evaluation_key(self.evaluator_seed, 0), loop.replicated)
+    self.compiles_before_loop = clock.backend_compiles
+
+  def params(self):
+    return self._params_of_state(self.carry.learner_state)
+
+  def advance(self, core: RunCore) -> None:
+    plan, loop = self.plan, self.loop
+    chunk_start = time.monotonic()
+    # Learner calls due at each iteration of the chunk, as the item kind schedules them (replayed rows as
+    # the host counts them; exact integers).
+    due = plan.kind.device_call_schedule(loop.spec, self.vector_steps, plan.chunk_iterations,
+                                         plan.vector_steps_per_iteration, plan.num_envs, self.samples_per_call)
+    self.carry, ys = self.compiled_chunk(self.carry, jax.device_put(due, loop.replicated))
+    ys = jax.device_get(ys)
+    chunk_wall = time.monotonic() - chunk_start
+    self.loop_seconds += chunk_wall
+    chunk_began, loop_began = core.elapsed() - chunk_wall, self.loop_seconds - chunk_wall
+    self.vector_steps += plan.chunk_iterations * plan.vector_steps_per_iteration
+    for i in range(plan.chunk_iterations):
+      self.env_steps += plan.iteration_steps
+      for key in self.pending:
+        self.pending[key] += ys[key][i].item()
+      self.learner_steps += int(ys["calls"][i]) * loop.updates_per_call
+      core.books.episodes_total += int(ys["episodes"][i])
+      if core.log_due(self.env_steps):
+        share = (i + 1) / plan.chunk_iterations  # iterations take equal shares of their chunk's time
+        self._write_rows(core, loop_began + chunk_wall * share, chunk_began + chunk_wall * share)
+
+  def _write_rows(self, core: RunCore, loop_seconds: float, wall: float) -> None:
+    """The rows summed in `pending` since the last row. Rates are the row's own: its steps and
+    updates over the loop's seconds since the last row (evaluations and checkpoints left out)."""
+    pending = self.pending
+    mark_seconds, mark_steps, mark_updates = self.row_mark
+    seconds = max(loop_seconds - mark_seconds, 1e-9)
+    self.row_mark = (loop_seconds, self.env_steps, self.learner_steps)
+    count, calls = pending["episodes"], pending["calls"]
+    core.write_rows(self.env_steps, self.learner_steps, pending["return_sum"] / count if count else None,
+                    pending["length_sum"] / count if count else None, (self.env_steps - mark_steps) / seconds,
+                    (self.learner_steps - mark_updates) / seconds,
+                    {k: pending[k] / calls for k in self.loop.metric_keys} if calls else {}, wall)
+    self.pending = {k: 0 * v for k, v in pending.items()}
+
+  def evaluate(self, params):
+    t0 = time.monotonic()
+    index = self.core.books.history.count  # evaluation k plays the same episodes however often it is run
+    key = jax.device_put(evaluation_key(self.evaluator_seed, index), self.loop.replicated)
+    returns = np.asarray(self.compiled_eval(params, key))
+    self.eval_seconds += time.monotonic() - t0
+    return returns, index
+
+  def checkpoint(self, books: Dict[str, Any]):
+    host = {**books, "env_steps": self.env_steps, "learner_steps": self.learner_steps,
+            "vector_steps": self.vector_steps, "pending": self.pending, "row_mark": self.row_mark,
+            "loop_seconds": self.loop_seconds, "eval_seconds": self.eval_seconds}
+    return None, {"carry": carry_to_host(self.carry), "host": host}, None
+
+  def close(self) -> None:
+    pass
 
 
 def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = None) -> Dict[str, Any]:
@@ -135,202 +201,37 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
   sharding.check_batch_size(agent_cfg.batch_size, mesh)
   plan = make_plan(exp, parts, agent_cfg, int(mesh.devices.size), chunk_steps)
   threshold = exp.reward_threshold if exp.reward_threshold is not None else reward_threshold(exp.env)
-  resume_info = checkpoint_to_resume(exp.resume, exp.steps) if exp.resume else None
-  saved = Checkpointer.read_run_state(resume_info) if resume_info else None
-  run_dir = prepare_run_dir(exp, agent_cfg)
-  checkpointer = Checkpointer(run_dir, exp.keep_checkpoints)
-  checkpointer.clean_partial()
-  failed_writes = FailedWrites()
-
-  loop = DeviceLoop(exp, agent_cfg, env, parts, mesh, plan)
-  carry_shape = jax.eval_shape(loop.init, exp.seed)
-  shardings = loop.carry_shardings(carry_shape)
-  if saved is None:
-    carry = jax.jit(loop.init, static_argnums=0, out_shardings=shardings)(exp.seed)
-  else:
-    carry = carry_from_host(saved["carry"], carry_shape, shardings, os.path.relpath(resume_info.path))
-  xs_sharding = loop.replicated
-  compile_start = time.monotonic()
-  chunk_fn = jax.jit(loop.chunk, in_shardings=(shardings, xs_sharding), out_shardings=(shardings, loop.replicated),
-                     donate_argnums=0)
-  calls_example = jax.ShapeDtypeStruct((plan.chunk_iterations,), jnp.int32)
-  compiled_chunk = chunk_fn.lower(carry_shape, calls_example).compile()
-  params_shape = jax.tree_util.tree_map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=loop.replicated),
-      jax.eval_shape(lambda c: loop.learner.params(c.learner_state), carry_shape))
-  key_shape = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=loop.replicated)
-  compiled_eval = jax.jit(loop.evaluate).lower(params_shape, key_shape).compile()
-  compile_seconds = time.monotonic() - compile_start
-  # Given the learner state alone: the rest of the carry (env states) may hold weakly typed leaves that
-  # the compiled chunk returns strongly typed (gymnax's Pendulum), and any change of type recompiles.
-  params_of_state = jax.jit(loop.learner.params, out_shardings=loop.replicated)
-  get_params = lambda c: params_of_state(c.learner_state)
-
-  if saved is None:
-    host = HostState(EvalHistory(threshold), exp.log_every, exp.eval_every,
-                     {"return_sum": 0.0, "episodes": 0, "length_sum": 0, "calls": 0,
-                      **{k: 0.0 for k in loop.metric_keys}})
-    positions: Dict[str, Any] = {}
-  else:
-    host = HostState.from_state(saved["host"])
-    host.sessions += 1
-    positions = saved["positions"]
-  # A resumed run drops what was logged after its checkpoint.
-  tb, loggers = open_metric_logs(run_dir, ROLES, positions if exp.resume else None)
-  progress = Progress(f"{exp.agent} {exp.env} s{exp.seed}", exp.progress_seconds)
-  schedule = CheckpointSchedule(exp.checkpoint_every_steps, exp.checkpoint_every_seconds, host.env_steps)
-  evaluator_seed = exp.seed + 10_000
-  samples_per_call = loop.updates_per_call * loop.batch_size
-  get_params(carry)  # compiled now: the loop itself compiles nothing
-  jax.device_put(evaluation_key(evaluator_seed, 0), loop.replicated)
-  compiles_before_loop = clock.backend_compiles
-  elapsed = lambda: host.wall_before + time.monotonic() - start
-  setup_seconds = time.monotonic() - start  # metrics' wall_seconds count from the run's start, as summary.wall_seconds
-
-  def snapshot_info(**extra) -> Dict[str, Any]:
-    return {"actor_steps": host.env_steps, "learner_steps": host.learner_steps, **extra}
-
-  def evaluate():
-    t0 = time.monotonic()
-    host.last_eval_steps = host.env_steps
-    eval_index = host.history.count
-    params = get_params(carry)
-    key = jax.device_put(evaluation_key(evaluator_seed, eval_index), loop.replicated)
-    returns = np.asarray(compiled_eval(params, key))
-    row = host.history.record(host.env_steps, returns)
-    loggers["evaluator"].write({"actor_steps": host.env_steps, "learner_steps": host.learner_steps,
-                                **{k: v for k, v in row.items() if k != "is_best"}, "wall_seconds": elapsed()})
-    host.last_eval = {"eval_return": row["eval_return"], "eval_index": eval_index, "eval_seed": evaluator_seed,
-                      "eval_episodes": exp.eval_episodes}
-    if row["is_best"]:
-      with failed_writes.attempt("policy snapshot 'best'"):
-        save_policy(run_dir, "best", params, snapshot_info(**host.last_eval))
-    host.eval_seconds += time.monotonic() - t0
-
-  def save_checkpoint():
-    with failed_writes.attempt("checkpoint"):
-      _save_checkpoint()
-
-  def _save_checkpoint():
-    schedule.done(host.env_steps)  # a failed checkpoint is not retried at once
-    state = host.state()
-    state["wall_before"] = elapsed()
-    run_state = {"carry": carry_to_host(carry), "host": state,
-                 "positions": metric_log_positions(tb, loggers)}
-    counters = {"actor_steps": host.env_steps, "learner_steps": host.learner_steps,
-                "episodes": host.episodes_total, "evaluations": host.history.count}
-    checkpointer.save(None, run_state, counters)
-    save_policy(run_dir, "latest", jax.device_get(get_params(carry)), snapshot_info())
-
-  def chunk_schedule() -> np.ndarray:
-    """Learner calls due at each iteration of the next chunk, as the item kind schedules them
-    (`ItemKind.device_call_schedule`: replayed rows as the host counts them; exact integers)."""
-    return plan.kind.device_call_schedule(loop.spec, host.vector_steps, plan.chunk_iterations,
-                                          plan.vector_steps_per_iteration, plan.num_envs, samples_per_call)
-
-  try:
-    while host.env_steps < exp.steps:
-      chunk_start = time.monotonic()
-      due = jax.device_put(chunk_schedule(), xs_sharding)
-      carry, ys = compiled_chunk(carry, due)
-      ys = jax.device_get(ys)
-      chunk_wall = time.monotonic() - chunk_start
-      host.loop_seconds += chunk_wall
-      chunk_began = elapsed() - chunk_wall
-      loop_began = host.loop_seconds - chunk_wall
-      host.vector_steps += plan.chunk_iterations * plan.vector_steps_per_iteration
-      for i in range(plan.chunk_iterations):
-        host.env_steps += plan.iteration_steps
-        for key in host.pending:
-          host.pending[key] += ys[key][i].item()
-        host.learner_steps += int(ys["calls"][i]) * loop.updates_per_call
-        host.episodes_total += int(ys["episodes"][i])
-        if host.env_steps >= host.next_log:
-          host.next_log += exp.log_every * max(1, math.ceil((host.env_steps - host.next_log + 1) / exp.log_every))
-          share = (i + 1) / plan.chunk_iterations  # iterations take equal shares of their chunk's time
-          log_rows(exp, loop, host, loggers, progress, loop_began + chunk_wall * share, chunk_began + chunk_wall * share)
-      if host.env_steps >= host.next_eval:
-        host.next_eval += exp.eval_every * max(1, math.ceil((host.env_steps - host.next_eval + 1) / exp.eval_every))
-        evaluate()
-        if exp.stop_at_threshold and host.history.reached:
-          break
-      if schedule.due(host.env_steps) and host.env_steps < exp.steps:  # the last one follows the loop
-        save_checkpoint()
-    if host.last_eval_steps != host.env_steps:
-      evaluate()
-    save_checkpoint()
-    final_params = jax.device_get(get_params(carry))
-    with failed_writes.attempt("policy snapshot 'final'"):
-      save_policy(run_dir, "final", final_params, snapshot_info(**host.last_eval))
-  finally:
-    for logger in loggers.values():
-      logger.close()
-    tb.close()
-
-  wall = elapsed()
+  core = RunCore(exp, agent_cfg, threshold)
+  core.start_clock(at=start)
+  driver = DeviceDriver(exp, agent_cfg, env, parts, plan, mesh, core, clock)
+  core.open(driver.env_steps, f"{exp.agent} {exp.env} s{exp.seed}")
+  setup_seconds = core.elapsed() - core.books.wall_before  # metrics' wall_seconds count from the run's start
+  final_params = jax.device_get(core.drive(driver))
+  wall = core.elapsed()
   clock.active = False
-  result, report_fields = write_run_report(run_dir, exp, host, wall, compile_seconds)
-  summary = make_summary(
-      exp=exp, kind="device", replay="device", actor_steps=host.env_steps, learner_steps=host.learner_steps,
-      episodes=host.episodes_total, wall_seconds=wall, history=host.history.summary(),
-      learner_devices=mesh.devices.size, learner_processes=1, resumed=saved is not None,
-      checkpoints=[os.path.basename(p) for p in checkpointer.all()], params_digest=params_digest(final_params),
-      failed_writes=failed_writes.lines, report_fields=report_fields,
-      details={"num_envs": plan.num_envs, "chunk_steps": plan.chunk_steps,
-               "compile_seconds": round(compile_seconds, 3), "jax_compile_seconds": round(clock.seconds, 3),
-               "setup_seconds": round(setup_seconds, 3), "loop_seconds": round(host.loop_seconds, 3),
-               "eval_seconds": round(host.eval_seconds, 3),
-               "loop_compiles": clock.backend_compiles - compiles_before_loop, "compilation_cache": cache_dir})
-  write_json(os.path.join(run_dir, SUMMARY_FILE), summary)
-  plots.plot_learning_curve(run_dir, f"{exp.agent} on {exp.env}, seed {exp.seed} (device)", threshold)
-  progress.maybe_print(f"report: {result.advice} ({os.path.join(run_dir, REPORT_FILE)})", force=True)
-  progress.maybe_print(f"done: {host.env_steps} steps in {wall:.1f}s (compile {compile_seconds:.1f}s, "
-                       f"{summary['rates']['env_steps_per_second']:.0f} env-steps/s) | eval {summary['eval_return']:.1f} "
-                       f"(best {summary['best_eval_return']:.1f}) | steps to threshold "
-                       f"{summary['steps_to_threshold']} | {run_dir}", force=True)
-  failed_writes.check(run_dir)
-  summary["run_dir"] = run_dir
-  return summary
+  result, report_fields = write_run_report(core.run_dir, exp, driver, wall)
+  details = {"num_envs": driver.plan.num_envs, "chunk_steps": driver.plan.chunk_steps,
+             "compile_seconds": round(driver.compile_seconds, 3), "jax_compile_seconds": round(clock.seconds, 3),
+             "setup_seconds": round(setup_seconds, 3), "loop_seconds": round(driver.loop_seconds, 3),
+             "eval_seconds": round(driver.eval_seconds, 3),
+             "loop_compiles": clock.backend_compiles - driver.compiles_before_loop, "compilation_cache": cache_dir}
+  sps = report_fields["rates"]["env_steps_per_second"]
+  return core.finish(driver, final_params, wall, result, report_fields, kind="device", replay="device",
+                     learner_devices=mesh.devices.size, learner_processes=1, details=details,
+                     plot_title=f"{exp.agent} on {exp.env}, seed {exp.seed} (device)",
+                     done_extra=f" (compile {driver.compile_seconds:.1f}s, {sps:.0f} env-steps/s)")
 
 
-def write_run_report(run_dir: str, exp: ExperimentConfig, host: HostState, wall: float, compile_seconds: float):
+def write_run_report(run_dir: str, exp: ExperimentConfig, driver: DeviceDriver, wall: float):
   """RUN_DIR/report.md of a device run, as the other runs write theirs: the host's one thread spent
   its time in the compiled chunks, in evaluation, compiling (this session's programs) and on the
   rest (set-up, metrics, snapshots, checkpoints; a resumed run's earlier compiles). (verdict,
   summary.json fields)."""
-  phases = {DEVICE_LOOP: host.loop_seconds, EVAL: host.eval_seconds, COMPILE: compile_seconds}
+  phases = {DEVICE_LOOP: driver.loop_seconds, EVAL: driver.eval_seconds, COMPILE: driver.compile_seconds}
   phases[OTHER] = max(wall - sum(phases.values()), 0.0)
-  loop_seconds = max(host.loop_seconds, 1e-9)
-  rates = {"env_steps_per_second": host.env_steps / loop_seconds,
-           "updates_per_second": host.learner_steps / loop_seconds}
+  loop_seconds = max(driver.loop_seconds, 1e-9)
+  rates = {"env_steps_per_second": driver.env_steps / loop_seconds,
+           "updates_per_second": driver.learner_steps / loop_seconds}
   title = f"{exp.agent} on {exp.env}, seed {exp.seed}, on device: where the time went"
   return report.write_report(run_dir, [NodeTimes("main", "device", phases, wall)], rates, title,
                              file_name=REPORT_FILE)
-
-
-def log_rows(exp: ExperimentConfig, loop: DeviceLoop, host: HostState, loggers, progress, loop_seconds: float,
-             wall: float) -> None:
-  """Writes the actor and learner rows summed in `host.pending` since the last row, prints
-  progress, and starts the next row. Rates are the row's own: its steps and updates over the
-  loop's seconds since the last row (evaluations and checkpoints between chunks left out)."""
-  pending = host.pending
-  mark_seconds, mark_steps, mark_updates = host.row_mark
-  seconds = max(loop_seconds - mark_seconds, 1e-9)
-  sps = (host.env_steps - mark_steps) / seconds
-  ups = (host.learner_steps - mark_updates) / seconds
-  host.row_mark = (loop_seconds, host.env_steps, host.learner_steps)
-  count = pending["episodes"]
-  ep_return = pending["return_sum"] / count if count else float("nan")
-  ep_length = pending["length_sum"] / count if count else float("nan")
-  loggers["actor"].write({"actor_steps": host.env_steps, "episodes": host.episodes_total, "episode_return": ep_return,
-                          "episode_length": ep_length, "steps_per_second": sps, "wall_seconds": wall})
-  if pending["calls"]:
-    loggers["learner"].write({"actor_steps": host.env_steps, "learner_steps": host.learner_steps,
-                              **{k: pending[k] / pending["calls"] for k in loop.metric_keys},
-                              "updates_per_second": ups, "wall_seconds": wall})
-  history = host.history
-  history_text = f"{history.returns[-1]:.1f} (best {max(history.returns):.1f})" if history.returns else "-"
-  progress.maybe_print(f"steps {host.env_steps}/{exp.steps} | {sps:.0f} env-steps/s | updates {host.learner_steps} "
-                       f"({ups:.0f}/s) | episode return {'-' if not count else f'{ep_return:.1f}'} | "
-                       f"eval {history_text}")
-  host.pending = {k: 0 * v for k, v in pending.items()}

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jrl import cpu_jit, envs
+from jrl import cpu_jit, envs, seeding
 from jrl.agents import get_agent
 from jrl.networks import example_observation
 from jrl.replay.adders import RewardClipAdder  # noqa: F401 - checkpoints pickled actors' adders under this name
@@ -107,3 +107,18 @@ def make_actor(exp, parts: AgentParts, agent_cfg, policy: Any, seed: int, sink, 
   return GroupedActor([envs.make_vector_env(exp.env, size, seed + g * size) for g in range(groups)], policy,
                       [parts.replay_spec.kind.make_adder(size) for _ in range(groups)], sink=sink,
                       timer=timer, dispatch_ahead=dispatch_ahead)
+
+
+def reverb_batches(address: str, parts: AgentParts, agent_cfg, exp, batch_size: int, mesh: jax.sharding.Mesh,
+                   stop=None, timer=None):
+  """The learner's batches of this experiment from the Reverb table at `address`
+  (`jrl.replay.reverb_replay.prefetched_batches`), placed sharded on `mesh`: an embedded run's
+  and a distributed learner's."""
+  from jrl.learners import sharding
+  from jrl.replay import reverb_replay  # loads reverb and TensorFlow
+
+  spec = parts.replay_spec
+  return reverb_replay.prefetched_batches(
+      address, spec, example_item(parts, agent_cfg), spec.kind.updates_per_call(exp.updates_per_call), batch_size,
+      seeding.env_seed(exp.seed, "replay", exp.process_id) + 1, lambda batch: sharding.put_batch(batch, mesh),
+      exp.prefetch, stop=stop, timer=timer)

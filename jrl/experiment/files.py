@@ -20,6 +20,8 @@ SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"  # the run report (jrl.experiment.report), every kind of run
 CHECKPOINTS_DIR = "checkpoints"
 POLICIES_DIR = "policies"
+# In a checkpoint of a run with Reverb replay (embedded or distributed): the table's own checkpoint.
+REVERB_REPLAY_DIR = "reverb"
 
 
 def path_safe(name: str) -> str:

@@ -15,7 +15,6 @@ import os
 import pickle
 import shutil
 import tempfile
-import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional
 
@@ -25,23 +24,20 @@ import numpy as np
 from jrl import compat, jit_cache, seeding
 from jrl.actors.evaluator import Evaluator
 from jrl.actors.variables import VariableClient
-from jrl.experiment import files, plots, report
-from jrl.experiment.bookkeeping import EvalHistory
-from jrl.experiment.builder import build_acting_parts, example_item, make_actor, success_threshold
-from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule, FailedWrites, checkpoint_to_resume
+from jrl.experiment import plots, report
+from jrl.experiment.builder import (build_acting_parts, example_item, make_actor, reverb_batches,  # noqa: F401
+                                    success_threshold)
+from jrl.experiment.checkpoint import Checkpointer
 from jrl.experiment.config import ExperimentConfig
-from jrl.experiment.files import CHECKPOINTS_DIR, REPORT_FILE, SUMMARY_FILE, write_json
-from jrl.experiment.summary import make_summary
-from jrl.experiment.logging import Progress, metric_log_positions, open_metric_logs
-from jrl.experiment.snapshots import save_policy
+from jrl.experiment.files import CHECKPOINTS_DIR, REPORT_FILE, REVERB_REPLAY_DIR
+from jrl.experiment.run_core import RunCore
 from jrl.learners import distributed, sharding
 from jrl.learners.learner import Learner, params_digest
 from jrl.replay.adders import make_block_writer
-from jrl.replay.batches import PrefetchIterator, PreparedBatch, items_per_fetch, make_assembler
+from jrl.replay.batches import PreparedBatch, items_per_fetch, make_assembler
 from jrl.replay.buffer import SeededReplayBuffer
 from jrl.replay.local import calls_due
 
-ROLES = ("actor", "learner", "evaluator")
 REPORT_NOTES = (
     "Times are this session's (a resumed run reports the part after its resume). `main` is the "
     "runner's thread: it steps the envs, runs the policy, adds to replay, calls the learner, "
@@ -52,7 +48,6 @@ REPORT_NOTES = (
     "with batches ready and nobody taking them. samples_per_insert counts transitions inserted "
     "once replay holds min_replay_size of them, as the rate limiter does.")
 SEEDED_REPLAY_FILE = "seeded_buffer.pkl"
-REVERB_REPLAY_DIR = "reverb"
 
 
 class Replay(NamedTuple):
@@ -137,37 +132,6 @@ def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: 
                 lambda: int(client.server_info()[reverb_replay.TABLE].current_size))
 
 
-def reverb_batches(address: str, parts, agent_cfg, exp: ExperimentConfig, batch_size: int,
-                   mesh: jax.sharding.Mesh, stop: Optional[threading.Event] = None,
-                   timer: Optional[report.PhaseTimer] = None) -> PrefetchIterator:
-  """Learner batches from a Reverb table, prepared on a background thread: sample the
-  items of one call, deal them into batches, place them sharded on `mesh`. `timer`, if
-  given, is that thread's: it gets sample (Reverb's rate limiter included), assemble,
-  place and queue_wait."""
-  from jrl.replay import reverb_replay
-
-  spec = parts.replay_spec
-  updates = spec.kind.updates_per_call(exp.updates_per_call)
-  sampler = reverb_replay.ReverbItemSampler(address, items_per_fetch(spec, updates, batch_size),
-                                            example_item(parts, agent_cfg))
-  rng = np.random.default_rng(seeding.env_seed(exp.seed, "replay", exp.process_id) + 1)
-  assemble_batch = make_assembler(spec, updates, batch_size, rng)
-
-  clock = timer if timer is not None else report.NULL_TIMER
-
-  def produce() -> PreparedBatch:
-    clock.enter(report.SAMPLE)
-    sampled = sampler.sample()
-    clock.switch(report.ASSEMBLE)
-    prepared = assemble_batch(sampled)
-    clock.switch(report.PLACE)
-    prepared = prepared._replace(batch=sharding.put_batch(prepared.batch, mesh))
-    clock.exit()
-    return prepared
-
-  return PrefetchIterator(produce, depth=exp.prefetch, stop=stop, timer=timer)
-
-
 class Counts(NamedTuple):
   env_steps: int
   updates: int
@@ -192,37 +156,118 @@ def session_rates(before: Counts, after: Counts, wall: float, batch_size: int, s
   }
 
 
-class LoopState:
-  """The runner's own bookkeeping between iterations (everything else lives in the shells)."""
 
-  def __init__(self, exp: ExperimentConfig, threshold: Optional[float]):
-    self.episodes_total = 0
+class EmbeddedDriver:
+  """Acting and learning in this process: each `advance` steps the actor's envs once, then makes
+  the learner calls the item kind's schedule owes (`ItemKind.rows_scheduled`)."""
+
+  def __init__(self, exp: ExperimentConfig, agent_cfg, parts, asynchronous: bool, mesh: jax.sharding.Mesh,
+               core: RunCore, timer: report.PhaseTimer, prefetch_timer: Optional[report.PhaseTimer]):
+    self.exp, self.spec = exp, parts.replay_spec
+    resume_info, saved = core.resume_info, core.saved
+    # Each process feeds its own slice of the global batch from its own replay; this process is
+    # actor `process_id` of the run (several processes share one learner).
+    self.batch_size = agent_cfg.batch_size // jax.process_count()
+    self.replay = make_replay(parts, agent_cfg, exp, self.batch_size, mesh, core.run_dir,
+                              restore_from=Checkpointer.replay_dir(resume_info) if resume_info else None,
+                              timer=timer if exp.deterministic else prefetch_timer)
+    agent, networks = parts.agent, parts.networks
+    self.learner = Learner(agent.make_learner(networks, agent_cfg), seeding.node_key(exp.seed, "learner"),
+                           self.replay.batches, self.replay.update_priorities if self.spec.prioritized else None,
+                           mesh=mesh, timer=timer)
+    self.initial_digest = params_digest(self.params())  # the same embedded and distributed for a seed
+    self.block_writer = make_block_writer(self.spec, self.replay.writer)
+    variables = VariableClient(self.learner)
+    # Seeded runs ask for actions after the learner's call (same bytes); Reverb runs overlap the policy
+    # with inserts, and with other env groups' steps, where the policy computes asynchronously (images:
+    # `cpu_jit.choose_dispatch`).
+    actor_seed = seeding.env_seed(exp.seed, "actor", exp.process_id)
+    self.actor = make_actor(exp, parts, agent_cfg, (variables, seeding.node_key(exp.seed, "actor", exp.process_id),
+                                                    None), actor_seed, self.block_writer.add, timer,
+                            dispatch_ahead=not exp.deterministic and asynchronous)
+    self.evaluator = Evaluator(exp.env, agent.make_policy(networks, agent_cfg, evaluation=True),
+                               exp.eval_episodes, seed=core.evaluator_seed)
     self.recent_returns: List[float] = []
     self.recent_lengths: List[int] = []
-    self.history = EvalHistory(threshold)
     self.learner_metrics: Dict[str, float] = {}
-    self.next_log, self.next_eval = exp.log_every, exp.eval_every
-    self.last_eval_steps = -1
-    self.last_eval: Dict[str, Any] = {}  # which evaluation saw the newest params: seed, index, return
-    self.wall_before = 0.0         # wall seconds of earlier sessions of this run
-    self.lost_sequences = 0        # queued trajectories a resumed Reverb run never got back
-    self.sessions = 0              # times this run was resumed
+    self.lost_sequences = 0  # queued trajectories a resumed Reverb run never got back
+    if saved is not None:
+      loop = core.restore_books(saved["loop"])
+      self.recent_returns, self.recent_lengths = loop["recent_returns"], loop["recent_lengths"]
+      self.learner_metrics, self.lost_sequences = loop["learner_metrics"], loop["lost_sequences"]
+      self.learner.restore(Checkpointer.restore_learner(resume_info, self.learner.state), saved["learner_steps"],
+                           saved["learner_version"])
+      variables.update()  # the actor acts with the restored parameters
+      reset_seed = seeding.env_seed(exp.seed, "actor", exp.process_id, incarnation=core.books.sessions)
+      if not self.actor.restore(saved["actor"], reset_seed=reset_seed):
+        print(f"[resume] {exp.env} envs cannot be saved; they restart with fresh episodes", flush=True)
+      self.block_writer.restore(saved["block_writer"])
+      self.evaluator.restore(saved["evaluator"])
+      if self.replay.kind == "reverb":  # a queue's trajectories the sampler took but did not train on are gone
+        self.lost_sequences += self.spec.kind.items_lost_on_resume(
+            self.block_writer.transitions_written - self.lost_sequences, self.learner.version * self.batch_size,
+            self.replay.table_size)
+    self.samples_per_call = self.spec.kind.updates_per_call(exp.updates_per_call) * self.batch_size
+    self.last_step = time.perf_counter()
+    self.last_row = (time.monotonic(), self.env_steps, self.learner_steps)  # time, env steps, learner steps
 
-  def state(self) -> Dict[str, Any]:
-    return {**{k: v for k, v in vars(self).items() if k != "history"}, "history": self.history.state()}
+  @property
+  def env_steps(self) -> int:
+    return self.actor.env_steps
 
-  def restore(self, state: Dict[str, Any]) -> None:
-    for key, value in state.items():
-      setattr(self, key, EvalHistory.from_state(value) if key == "history" else value)
+  @property
+  def learner_steps(self) -> int:
+    return self.learner.steps
 
+  def counts(self) -> Counts:
+    return Counts(self.actor.env_steps, self.learner.steps, self.learner.version,
+                  self.block_writer.transitions_written)
 
-def prepare_run_dir(exp: ExperimentConfig, agent_cfg) -> str:
-  """`files.prepare_run_dir`; a Reverb run where Reverb is not installed (a core install) is
-  refused once the folder is checked, before anything is written."""
-  def check_stack():
-    if not exp.deterministic:
-      compat.check_distributed_stack("deterministic", "a run without --deterministic (Reverb replay)")
-  return files.prepare_run_dir(exp, agent_cfg, before_writing=check_stack)
+  def calls_owed(self) -> int:
+    """Learner calls due by the rows the item kind schedules by: one per batch of trajectories
+    written (on-policy), or enough to keep rows sampled at samples_per_insert x inserted
+    (transitions: env steps less those the adder may hold back)."""
+    rows = self.spec.kind.rows_scheduled(self.spec, self.block_writer.transitions_written - self.lost_sequences,
+                                         self.actor.env_steps, self.exp.num_envs)
+    return calls_due(rows, self.spec, self.samples_per_call)
+
+  def advance(self, core: RunCore) -> None:
+    stats = self.actor.step()
+    self.last_step = time.perf_counter()
+    core.books.episodes_total += len(stats.returns)
+    self.recent_returns += stats.returns
+    self.recent_lengths += stats.lengths
+    while self.learner.version < self.calls_owed():
+      self.learner_metrics = self.learner.step()
+    if core.log_due(self.env_steps):
+      now = time.monotonic()
+      dt = max(now - self.last_row[0], 1e-9)
+      sps, ups = (self.env_steps - self.last_row[1]) / dt, (self.learner_steps - self.last_row[2]) / dt
+      self.last_row = (now, self.env_steps, self.learner_steps)
+      returns, lengths = self.recent_returns, self.recent_lengths
+      core.write_rows(self.env_steps, self.learner_steps, float(np.mean(returns)) if returns else None,
+                      float(np.mean(lengths)) if lengths else None, sps, ups, self.learner_metrics, core.elapsed())
+      self.recent_returns, self.recent_lengths = [], []
+
+  def params(self):
+    return self.learner.get_variables()[0]
+
+  def evaluate(self, params):
+    index = self.evaluator.state()["count"]
+    return self.evaluator.run(params), index
+
+  def checkpoint(self, books: Dict[str, Any]):
+    loop = {**books, "recent_returns": self.recent_returns, "recent_lengths": self.recent_lengths,
+            "learner_metrics": self.learner_metrics, "lost_sequences": self.lost_sequences}
+    run_state = {"actor": self.actor.state(), "block_writer": self.block_writer.state(),
+                 "evaluator": self.evaluator.state(), "learner_steps": self.learner.steps,
+                 "learner_version": self.learner.version, "loop": loop}
+    return self.learner.state, run_state, self.replay.save
+
+  def close(self) -> None:
+    self.replay.close()
+    self.evaluator.close()
+    self.actor.close()
 
 
 def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
@@ -234,218 +279,48 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   jit_cache.enable_compilation_cache()  # a rerun loads its compiled programs (JRL_JAX_CACHE=off: never)
   distributed.initialize(exp.coordinator_address, exp.num_processes, exp.process_id)
   parts, asynchronous = build_acting_parts(exp.agent, exp.env, agent_cfg)
-  agent, networks, replay_spec = parts.agent, parts.networks, parts.replay_spec
   mesh = sharding.make_mesh(exp.learner_devices)
   sharding.check_batch_size(agent_cfg.batch_size, mesh)
-  threshold = success_threshold(exp)
-  resume_info = checkpoint_to_resume(exp.resume, exp.steps) if exp.resume else None
-  saved: Optional[Dict[str, Any]] = Checkpointer.read_run_state(resume_info) if resume_info else None
-  run_dir = prepare_run_dir(exp, agent_cfg)
-  checkpointer = Checkpointer(run_dir, exp.keep_checkpoints)
-  checkpointer.clean_partial()
-  failed_writes = FailedWrites()
-  # This process is actor `process_id` of the run (several processes share one learner).
-  learner_key = seeding.node_key(exp.seed, "learner")
-  actor_key = seeding.node_key(exp.seed, "actor", exp.process_id)
-  # Each process feeds its own slice of the global batch from its own replay.
-  local_batch_size = agent_cfg.batch_size // jax.process_count()
   # One timer per thread: this one, and the Reverb batch-prefetch thread's.
   timer = report.PhaseTimer()
   prefetch_timer = None if exp.deterministic else report.PhaseTimer()
-  replay = make_replay(parts, agent_cfg, exp, local_batch_size, mesh, run_dir,
-                       restore_from=Checkpointer.replay_dir(resume_info) if resume_info else None,
-                       timer=timer if exp.deterministic else prefetch_timer)
-  learner = Learner(agent.make_learner(networks, agent_cfg), learner_key, replay.batches,
-                    replay.update_priorities if replay_spec.prioritized else None, mesh=mesh, timer=timer)
-  initial_digest = params_digest(learner.get_variables()[0])  # the same embedded and distributed for a seed
-  block_writer = make_block_writer(replay_spec, replay.writer)
-  variables = VariableClient(learner)
-  # The learner times its parameter copies itself (the policy's fetch is a cached read otherwise).
-  # Seeded runs ask for actions after the learner's call (same bytes); Reverb runs overlap the policy with
-  # inserts, and with other env groups' steps, where the policy computes asynchronously (images:
-  # `cpu_jit.choose_dispatch`).
-  actor = make_actor(exp, parts, agent_cfg, (variables, actor_key, None),
-                     seeding.env_seed(exp.seed, "actor", exp.process_id), block_writer.add, timer,
-                     dispatch_ahead=not exp.deterministic and asynchronous)
-  evaluator_seed = seeding.env_seed(exp.seed, "evaluator")
-  evaluator = Evaluator(exp.env, agent.make_policy(networks, agent_cfg, evaluation=True),
-                        exp.eval_episodes, seed=evaluator_seed)
-  loop = LoopState(exp, threshold)
 
-  positions: Dict[str, Any] = {}
-  if saved is not None:
-    loop.restore(saved["loop"])
-    loop.sessions += 1
-    learner.restore(Checkpointer.restore_learner(resume_info, learner.state), saved["learner_steps"],
-                    saved["learner_version"])
-    variables.update()  # the actor acts with the restored parameters
-    if not actor.restore(saved["actor"], reset_seed=seeding.env_seed(exp.seed, "actor", exp.process_id,
-                                                                      incarnation=loop.sessions)):
-      print(f"[resume] {exp.env} envs cannot be saved; they restart with fresh episodes", flush=True)
-    block_writer.restore(saved["block_writer"])
-    evaluator.restore(saved["evaluator"])
-    positions = saved["positions"]
-    if replay.kind == "reverb":  # a queue's trajectories the sampler had taken but not trained on are gone
-      loop.lost_sequences += replay_spec.kind.items_lost_on_resume(
-          block_writer.transitions_written - loop.lost_sequences, learner.version * local_batch_size,
-          replay.table_size)
+  def check_stack():  # a Reverb run where Reverb is not installed (a core install): refused before writing
+    if not exp.deterministic:
+      compat.check_distributed_stack("deterministic", "a run without --deterministic (Reverb replay)")
 
-  # A resumed run drops what was logged after its checkpoint (everything, without one).
-  tb, loggers = open_metric_logs(run_dir, ROLES, positions if exp.resume else None)
-  progress = Progress(f"{exp.agent} {exp.env} s{exp.seed}", exp.progress_seconds)
-  samples_per_call = replay_spec.kind.updates_per_call(exp.updates_per_call) * local_batch_size
-  schedule = CheckpointSchedule(exp.checkpoint_every_steps, exp.checkpoint_every_seconds, actor.env_steps)
-
-  def calls_owed() -> int:
-    """Learner calls due by the rows the item kind schedules by (`ItemKind.rows_scheduled`): one
-    per batch of trajectories written (on-policy), or enough to keep rows sampled at
-    samples_per_insert x inserted (transitions: env steps less those the adder may hold back)."""
-    rows = replay_spec.kind.rows_scheduled(replay_spec, block_writer.transitions_written - loop.lost_sequences,
-                                           actor.env_steps, exp.num_envs)
-    return calls_due(rows, replay_spec, samples_per_call)
-
-  start = time.monotonic()
-  elapsed = lambda: loop.wall_before + time.monotonic() - start
+  core = RunCore(exp, agent_cfg, success_threshold(exp), before_writing=check_stack, timer=timer)
+  driver = EmbeddedDriver(exp, agent_cfg, parts, asynchronous, mesh, core, timer, prefetch_timer)
+  core.open(driver.env_steps, f"{exp.agent} {exp.env} s{exp.seed}")
+  core.start_clock()
   loop_started = time.perf_counter()
   timer.start()
   report.watch_compiles(timer)  # JIT compilation in this thread is its own phase
   plots.preload_in_background()  # matplotlib loads while the first calls compile
   first_step_unix = time.time()
-  at_start = Counts(actor.env_steps, learner.steps, learner.version, block_writer.transitions_written)
-  last_step = time.perf_counter()
-  last_log = (start, actor.env_steps, learner.steps)  # time, actor steps, learner steps
-
-  def snapshot_info(**extra) -> Dict[str, Any]:
-    return {"actor_steps": actor.env_steps, "learner_steps": learner.steps, **extra}
-
-  def evaluate():
-    with timer.phase(report.EVAL):
-      _evaluate()
-
-  def _evaluate():
-    loop.last_eval_steps = actor.env_steps
-    eval_index = evaluator.state()["count"]
-    params = learner.get_variables()[0]
-    row = loop.history.record(actor.env_steps, evaluator.run(params))
-    loggers["evaluator"].write({"actor_steps": actor.env_steps, "learner_steps": learner.steps,
-                                **{k: v for k, v in row.items() if k != "is_best"},
-                                "wall_seconds": elapsed()})
-    loop.last_eval = {"eval_return": row["eval_return"], "eval_index": eval_index, "eval_seed": evaluator_seed,
-                      "eval_episodes": exp.eval_episodes}
-    if row["is_best"]:
-      with timer.phase(report.CHECKPOINT), failed_writes.attempt("policy snapshot 'best'"):
-        save_policy(run_dir, "best", params, snapshot_info(**loop.last_eval))
-
-  def save_checkpoint():
-    with timer.phase(report.CHECKPOINT), failed_writes.attempt("checkpoint"):
-      _save_checkpoint()
-
-  def _save_checkpoint():
-    params = learner.get_variables()[0]
-    loop_state = loop.state()
-    loop_state["wall_before"] = elapsed()
-    run_state = {
-        "actor": actor.state(), "block_writer": block_writer.state(), "evaluator": evaluator.state(),
-        "learner_steps": learner.steps, "learner_version": learner.version, "loop": loop_state,
-        "positions": metric_log_positions(tb, loggers),
-    }
-    counters = {"actor_steps": actor.env_steps, "learner_steps": learner.steps, "episodes": loop.episodes_total,
-                "evaluations": loop.history.count}
-    schedule.done(actor.env_steps)  # a failed checkpoint is not retried at once
-    checkpointer.save(learner.state, run_state, counters, write_replay=replay.save)
-    save_policy(run_dir, "latest", params, snapshot_info())
-
+  at_start = driver.counts()
   try:
-    while actor.env_steps < exp.steps:
-      stats = actor.step()
-      last_step = time.perf_counter()
-      loop.episodes_total += len(stats.returns)
-      loop.recent_returns += stats.returns
-      loop.recent_lengths += stats.lengths
-
-      while learner.version < calls_owed():
-        loop.learner_metrics = learner.step()
-
-      if actor.env_steps >= loop.next_eval:
-        loop.next_eval += exp.eval_every
-        evaluate()
-        if exp.stop_at_threshold and loop.history.reached:
-          break
-
-      if actor.env_steps >= loop.next_log:
-        loop.next_log += exp.log_every
-        now = time.monotonic()
-        dt = max(now - last_log[0], 1e-9)
-        actor_sps = (actor.env_steps - last_log[1]) / dt
-        updates_ps = (learner.steps - last_log[2]) / dt
-        last_log = (now, actor.env_steps, learner.steps)
-        returns, lengths = loop.recent_returns, loop.recent_lengths
-        loggers["actor"].write({"actor_steps": actor.env_steps, "episodes": loop.episodes_total,
-                                "episode_return": float(np.mean(returns)) if returns else float("nan"),
-                                "episode_length": float(np.mean(lengths)) if lengths else float("nan"),
-                                "steps_per_second": actor_sps, "wall_seconds": elapsed()})
-        if loop.learner_metrics:
-          loggers["learner"].write({"actor_steps": actor.env_steps, "learner_steps": learner.steps,
-                                    **loop.learner_metrics, "updates_per_second": updates_ps,
-                                    "wall_seconds": elapsed()})
-        history = loop.history.returns
-        episode_text = f"{np.mean(returns):.1f}" if returns else "-"
-        eval_text = f"{history[-1]:.1f} (best {max(history):.1f})" if history else "-"
-        progress.maybe_print(f"steps {actor.env_steps}/{exp.steps} | {actor_sps:.0f} steps/s | "
-                             f"updates {learner.steps} ({updates_ps:.0f}/s) | episode return {episode_text} | "
-                             f"eval {eval_text}")
-        loop.recent_returns, loop.recent_lengths = [], []
-
-      if schedule.due(actor.env_steps) and actor.env_steps < exp.steps:  # the last one follows the loop
-        save_checkpoint()
-
-    if loop.last_eval_steps != actor.env_steps:  # always finish on an evaluation of the final parameters
-      evaluate()
-    save_checkpoint()
-    final_params = learner.get_variables()[0]
-    with timer.phase(report.CHECKPOINT), failed_writes.attempt("policy snapshot 'final'"):
-      save_policy(run_dir, "final", final_params, snapshot_info(**loop.last_eval))
+    final_params = core.drive(driver)
   finally:
     report.unwatch_compiles()
-    replay.close()
-    evaluator.close()
-    actor.close()
-    for logger in loggers.values():
-      logger.close()
-    tb.close()
-
-  wall = elapsed()
+  wall = core.elapsed()
   timer.stop()
   nodes = [timer.node("main", "embedded")]
   if prefetch_timer is not None:
     nodes.append(prefetch_timer.node("prefetch", "sampler", helper=True))
-  rates = session_rates(at_start, Counts(actor.env_steps, learner.steps, learner.version,
-                                         block_writer.transitions_written),
-                        timer.wall(), local_batch_size, replay_spec)
+  rates = session_rates(at_start, driver.counts(), timer.wall(), driver.batch_size, parts.replay_spec)
   rates["setup_seconds"] = loop_started - entered
   result, report_fields = report.write_report(
-      run_dir, nodes, rates, title=f"{exp.agent} on {exp.env}, seed {exp.seed}: where the time went",
+      core.run_dir, nodes, rates, title=f"{exp.agent} on {exp.env}, seed {exp.seed}: where the time went",
       extras={"notes": REPORT_NOTES}, file_name=REPORT_FILE)
-  summary = make_summary(
-      exp=exp, kind="embedded", replay=replay.kind, actor_steps=actor.env_steps, learner_steps=learner.steps,
-      episodes=loop.episodes_total, wall_seconds=wall, history=loop.history.summary(),
-      learner_devices=mesh.devices.size, learner_processes=jax.process_count(), resumed=saved is not None,
-      checkpoints=[os.path.basename(p) for p in checkpointer.all()], params_digest=params_digest(final_params),
-      failed_writes=failed_writes.lines, report_fields=report_fields,
-      details={
-          "initial_params_digest": initial_digest,
-          # When this session's first and last env steps began and ended (time.time()), and the
-          # seconds from the last one to this summary (final evaluation, checkpoint, shutdown).
-          "first_step_unix": round(first_step_unix, 3),
-          "last_step_unix": round(first_step_unix + (last_step - loop_started), 3),
-          "seconds_after_last_step": round(time.perf_counter() - last_step, 3),
-      })
-  write_json(os.path.join(run_dir, SUMMARY_FILE), summary)
-  plots.plot_learning_curve(run_dir, f"{exp.agent} on {exp.env}, seed {exp.seed}", threshold)
-  progress.maybe_print(f"report: {result.advice} ({os.path.join(run_dir, REPORT_FILE)})", force=True)
-  progress.maybe_print(f"done: {actor.env_steps} steps in {wall:.1f}s | eval {summary['eval_return']:.1f} "
-                       f"(best {summary['best_eval_return']:.1f}) | steps to threshold "
-                       f"{summary['steps_to_threshold']} | {run_dir}", force=True)
-  failed_writes.check(run_dir)
-  summary["run_dir"] = run_dir
-  return summary
+  details = {
+      "initial_params_digest": driver.initial_digest,
+      # When this session's first and last env steps began and ended (time.time()), and the seconds
+      # from the last one to this summary (final evaluation, checkpoint, shutdown).
+      "first_step_unix": round(first_step_unix, 3),
+      "last_step_unix": round(first_step_unix + (driver.last_step - loop_started), 3),
+      "seconds_after_last_step": round(time.perf_counter() - driver.last_step, 3),
+  }
+  return core.finish(driver, final_params, wall, result, report_fields, kind="embedded", replay=driver.replay.kind,
+                     learner_devices=mesh.devices.size, learner_processes=jax.process_count(), details=details,
+                     plot_title=f"{exp.agent} on {exp.env}, seed {exp.seed}")

@@ -18,8 +18,10 @@ import tree
 
 from jrl.errors import Stopped
 from jrl.outage import Outage, ServiceLost
+from jrl.replay.batches import PrefetchIterator, PreparedBatch, items_per_fetch, make_assembler
 from jrl.replay.buffer import SampledItems
 from jrl.replay.spec import ReplaySpec
+from jrl.timing import ASSEMBLE, NULL_TIMER, PLACE, SAMPLE
 
 TABLE = "replay"
 # Seconds an insert may wait on the server before we call the server dead or stuck.
@@ -196,3 +198,27 @@ class ReverbPriorityUpdater:
   def __call__(self, priorities: Dict[int, float]) -> None:
     if priorities:
       self._client.mutate_priorities(self._table, updates=priorities)
+
+
+def prefetched_batches(address: str, spec: ReplaySpec, example_item, updates_per_call: int, batch_size: int,
+                       seed: int, place: Callable, depth: int, stop: Optional[threading.Event] = None,
+                       timer=None) -> PrefetchIterator:
+  """Learner batches from the Reverb table at `address`, prepared `depth` ahead on a background
+  thread: sample the items of one learner call, deal them into batches (shuffled with `seed`),
+  `place` them (e.g. sharded on the learner's mesh). `timer`, if given, is that thread's: it
+  gets sample (the rate limiter's waits included), assemble, place and queue_wait."""
+  sampler = ReverbItemSampler(address, items_per_fetch(spec, updates_per_call, batch_size), example_item)
+  assemble_batch = make_assembler(spec, updates_per_call, batch_size, np.random.default_rng(seed))
+  clock = timer if timer is not None else NULL_TIMER
+
+  def produce() -> PreparedBatch:
+    clock.enter(SAMPLE)
+    sampled = sampler.sample()
+    clock.switch(ASSEMBLE)
+    prepared = assemble_batch(sampled)
+    clock.switch(PLACE)
+    prepared = prepared._replace(batch=place(prepared.batch))
+    clock.exit()
+    return prepared
+
+  return PrefetchIterator(produce, depth=depth, stop=stop, timer=timer)

@@ -1,0 +1,265 @@
+"""The run core: what every run does whatever drives it.
+
+A driver (the embedded loop, `jrl.experiment.runner`; the device host loop,
+`jrl.device.runner`) knows where acting and learning happen. The core knows the rest:
+the run directory and resume, the evaluation history and its threshold rule, evaluator
+seeding, metric rows (CSV and TensorBoard) and the progress line, policy snapshots, the
+checkpoint schedule, the summary, the plot and the closing lines. `RunCore.drive` is the
+one loop every in-process run follows:
+
+    while steps < budget:
+      driver.advance(core)            # act and learn; rows through core.write_rows
+      evaluate when due (stop at the threshold if asked); checkpoint when due
+    evaluate the final parameters, checkpoint, save the final policy
+
+The distributed program's evaluator node keeps the same books with the same pieces
+(`evaluator_seed`, `EvalHistory`, `evaluation_info`, `eval_text`, `make_summary`).
+"""
+
+import dataclasses
+import math
+import os
+import time
+from typing import Any, Callable, Dict, Optional, Protocol, Tuple
+
+import numpy as np
+
+from jrl import seeding
+from jrl.experiment import files, plots
+from jrl.experiment.bookkeeping import EvalHistory
+from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule, FailedWrites, checkpoint_to_resume
+from jrl.experiment.files import REPORT_FILE, SUMMARY_FILE, write_json
+from jrl.experiment.logging import Progress, metric_log_positions, open_metric_logs
+from jrl.experiment.snapshots import save_policy
+from jrl.experiment.summary import make_summary
+from jrl.learners.learner import params_digest
+from jrl.timing import CHECKPOINT, EVAL, NULL_TIMER
+
+ROLES = ("actor", "learner", "evaluator")
+
+
+def evaluator_seed(seed: int) -> int:
+  """The evaluator's env seed: evaluation k of every run of `seed` (any backend, restarted or
+  resumed) plays the same episodes."""
+  return seeding.env_seed(seed, "evaluator")
+
+
+def evaluation_info(row: Dict[str, float], index: int, seed: int, episodes: int) -> Dict[str, Any]:
+  """What a policy snapshot records of the evaluation that scored it (enough to replay it)."""
+  return {"eval_return": row["eval_return"], "eval_index": index, "eval_seed": seed, "eval_episodes": episodes}
+
+
+def evaluator_row(actor_steps, learner_steps, row: Dict[str, float], wall_seconds: float, **extra) -> Dict[str, Any]:
+  """The evaluator's metric row of one evaluation."""
+  return {"actor_steps": actor_steps, "learner_steps": learner_steps, **extra,
+          **{k: v for k, v in row.items() if k != "is_best"}, "wall_seconds": wall_seconds}
+
+
+def eval_text(history: EvalHistory) -> str:
+  """The progress line's evaluation: the latest return and the best so far."""
+  return f"{history.returns[-1]:.1f} (best {max(history.returns):.1f})" if history.returns else "-"
+
+
+def next_mark(steps: int, mark: int, every: int) -> int:
+  """The first multiple of `every` past `mark` that is beyond `steps` (a chunk may pass several)."""
+  return mark + every * max(1, math.ceil((steps - mark + 1) / every))
+
+
+@dataclasses.dataclass
+class RunBooks:
+  """The core's counters between iterations; saved in every checkpoint beside the driver's own."""
+  history: EvalHistory
+  next_log: int
+  next_eval: int
+  episodes_total: int = 0
+  last_eval: Dict[str, Any] = dataclasses.field(default_factory=dict)  # the newest evaluation (evaluation_info)
+  last_eval_steps: int = -1
+  wall_before: float = 0.0  # wall seconds of the sessions before this one
+  sessions: int = 0         # times the run was resumed
+
+  def state(self) -> Dict[str, Any]:
+    return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, "history": self.history.state()}
+
+  @classmethod
+  def split(cls, state: Dict[str, Any]) -> Tuple["RunBooks", Dict[str, Any]]:
+    """The books in a saved state, and the driver's keys beside them."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    books = cls(**{k: v for k, v in state.items() if k in names})
+    books.history = EvalHistory.from_state(books.history)
+    return books, {k: v for k, v in state.items() if k not in names}
+
+
+class Driver(Protocol):
+  """Where a run acts and learns. Counts are of the whole run (resumed runs included)."""
+  env_steps: int
+  learner_steps: int
+
+  def advance(self, core: "RunCore") -> None:
+    """Acts and learns up to the next point the core looks at; writes metric rows when
+    `core.log_due` says so."""
+
+  def params(self) -> Any:
+    """The learner's parameters now, on the host."""
+
+  def evaluate(self, params) -> Tuple[np.ndarray, int]:
+    """Greedy episode returns of `params`, and the evaluation's index (its episodes' seeds)."""
+
+  def checkpoint(self, books: Dict[str, Any]) -> Tuple[Any, Dict[str, Any], Optional[Callable[[str], None]]]:
+    """(learner state or None, the run state to pickle with `books` in it, the replay writer or None)."""
+
+  def close(self) -> None: ...
+
+
+class RunCore:
+  """One run's directory, books and files; `drive` runs a `Driver` to the budget."""
+
+  def __init__(self, exp, agent_cfg, threshold: Optional[float], before_writing: Callable[[], None] = lambda: None,
+               timer=NULL_TIMER):
+    """Reads the checkpoint to resume (exp.resume) and prepares the run directory
+    (ConfigError for bad input, before anything is written)."""
+    self.exp, self.timer = exp, timer
+    self.resume_info = checkpoint_to_resume(exp.resume, exp.steps) if exp.resume else None
+    self.saved: Optional[Dict[str, Any]] = Checkpointer.read_run_state(self.resume_info) if self.resume_info else None
+    self.run_dir = files.prepare_run_dir(exp, agent_cfg, before_writing=before_writing)
+    self.checkpointer = Checkpointer(self.run_dir, exp.keep_checkpoints)
+    self.checkpointer.clean_partial()
+    self.failed_writes = FailedWrites()
+    self.evaluator_seed = evaluator_seed(exp.seed)
+    self.books = RunBooks(EvalHistory(threshold), exp.log_every, exp.eval_every)
+    self._start = time.monotonic()
+
+  @property
+  def resumed(self) -> bool:
+    return self.saved is not None
+
+  def restore_books(self, state: Dict[str, Any]) -> Dict[str, Any]:
+    """Takes the books from a checkpoint's saved state; returns the driver's keys."""
+    self.books, rest = RunBooks.split(state)
+    self.books.sessions += 1
+    return rest
+
+  def open(self, env_steps: int, progress_prefix: str) -> None:
+    """Opens the metric logs (a resumed run drops what was logged after its checkpoint), the
+    progress line and the checkpoint schedule."""
+    positions = self.saved["positions"] if self.saved is not None else None
+    self.tb, self.loggers = open_metric_logs(self.run_dir, ROLES, positions)
+    self.progress = Progress(progress_prefix, self.exp.progress_seconds)
+    self.schedule = CheckpointSchedule(self.exp.checkpoint_every_steps, self.exp.checkpoint_every_seconds, env_steps)
+
+  def start_clock(self, at: Optional[float] = None) -> None:
+    """Wall seconds (metrics, summary) count from now (or `at`, a time.monotonic()), plus the
+    earlier sessions'."""
+    self._start = time.monotonic() if at is None else at
+
+  def elapsed(self) -> float:
+    return self.books.wall_before + time.monotonic() - self._start
+
+  def log_due(self, env_steps: int) -> bool:
+    """Whether a metric row is due (and the next one scheduled)."""
+    if env_steps < self.books.next_log:
+      return False
+    self.books.next_log = next_mark(env_steps, self.books.next_log, self.exp.log_every)
+    return True
+
+  def write_rows(self, env_steps: int, learner_steps: int, episode_return: Optional[float],
+                 episode_length: Optional[float], steps_per_second: float, updates_per_second: float,
+                 learner_metrics: Dict[str, float], wall_seconds: float) -> None:
+    """The actor's row, the learner's (when it has metrics) and the progress line."""
+    nan = float("nan")
+    self.loggers["actor"].write({
+        "actor_steps": env_steps, "episodes": self.books.episodes_total,
+        "episode_return": nan if episode_return is None else episode_return,
+        "episode_length": nan if episode_length is None else episode_length,
+        "steps_per_second": steps_per_second, "wall_seconds": wall_seconds})
+    if learner_metrics:
+      self.loggers["learner"].write({"actor_steps": env_steps, "learner_steps": learner_steps, **learner_metrics,
+                                     "updates_per_second": updates_per_second, "wall_seconds": wall_seconds})
+    episode_text = "-" if episode_return is None else f"{episode_return:.1f}"
+    self.progress.maybe_print(f"steps {env_steps}/{self.exp.steps} | {steps_per_second:.0f} env-steps/s | "
+                              f"updates {learner_steps} ({updates_per_second:.0f}/s) | episode return "
+                              f"{episode_text} | eval {eval_text(self.books.history)}")
+
+  def _snapshot(self, name: str, params, driver: Driver, **extra) -> None:
+    with self.timer.phase(CHECKPOINT), self.failed_writes.attempt(f"policy snapshot '{name}'"):
+      save_policy(self.run_dir, name, params,
+                  {"actor_steps": driver.env_steps, "learner_steps": driver.learner_steps, **extra})
+
+  def evaluate(self, driver: Driver) -> None:
+    """Evaluates the driver's parameters: the evaluator's row, the books, the best policy."""
+    with self.timer.phase(EVAL):
+      books = self.books
+      books.last_eval_steps = driver.env_steps
+      params = driver.params()
+      returns, index = driver.evaluate(params)
+      row = books.history.record(driver.env_steps, returns)
+      self.loggers["evaluator"].write(evaluator_row(driver.env_steps, driver.learner_steps, row, self.elapsed()))
+      books.last_eval = evaluation_info(row, index, self.evaluator_seed, self.exp.eval_episodes)
+      if row["is_best"]:
+        self._snapshot("best", params, driver, **books.last_eval)
+
+  def checkpoint(self, driver: Driver) -> None:
+    """A checkpoint of the driver's state and the books, and the 'latest' policy; a failed
+    write is recorded and the run goes on."""
+    with self.timer.phase(CHECKPOINT), self.failed_writes.attempt("checkpoint"):
+      self.schedule.done(driver.env_steps)  # a failed checkpoint is not retried at once
+      books = self.books.state()
+      books["wall_before"] = self.elapsed()
+      learner_state, run_state, write_replay = driver.checkpoint(books)
+      run_state["positions"] = metric_log_positions(self.tb, self.loggers)
+      counters = {"actor_steps": driver.env_steps, "learner_steps": driver.learner_steps,
+                  "episodes": self.books.episodes_total, "evaluations": self.books.history.count}
+      self.checkpointer.save(learner_state, run_state, counters, write_replay=write_replay)
+      save_policy(self.run_dir, "latest", driver.params(),
+                  {"actor_steps": driver.env_steps, "learner_steps": driver.learner_steps})
+
+  def drive(self, driver: Driver) -> Any:
+    """Runs `driver` to the budget (or the threshold, with stop_at_threshold), then evaluates
+    the final parameters, checkpoints and saves the final policy; returns those parameters.
+    The logs and the driver are closed however it ends."""
+    exp, books = self.exp, self.books
+    try:
+      while driver.env_steps < exp.steps:
+        driver.advance(self)
+        if driver.env_steps >= books.next_eval:
+          books.next_eval = next_mark(driver.env_steps, books.next_eval, exp.eval_every)
+          self.evaluate(driver)
+          if exp.stop_at_threshold and books.history.reached:
+            break
+        if self.schedule.due(driver.env_steps) and driver.env_steps < exp.steps:  # the last one follows
+          self.checkpoint(driver)
+      if books.last_eval_steps != driver.env_steps:  # always finish on an evaluation of the final parameters
+        self.evaluate(driver)
+      self.checkpoint(driver)
+      final_params = driver.params()
+      self._snapshot("final", final_params, driver, **books.last_eval)
+      return final_params
+    finally:
+      try:
+        driver.close()
+      finally:
+        for logger in self.loggers.values():
+          logger.close()
+        self.tb.close()
+
+  def finish(self, driver: Driver, final_params, wall: float, report_result, report_fields, *, kind: str,
+             replay: str, learner_devices: int, learner_processes: int, details: Dict[str, Any],
+             plot_title: str, done_extra: str = "") -> Dict[str, Any]:
+    """Writes summary.json and the learning curve, prints the report's verdict and the done
+    line; RunWritesFailed if a checkpoint or snapshot was not written. Returns the summary."""
+    exp, books = self.exp, self.books
+    summary = make_summary(
+        exp=exp, kind=kind, replay=replay, actor_steps=driver.env_steps, learner_steps=driver.learner_steps,
+        episodes=books.episodes_total, wall_seconds=wall, history=books.history.summary(),
+        learner_devices=learner_devices, learner_processes=learner_processes, resumed=self.resumed,
+        checkpoints=[os.path.basename(p) for p in self.checkpointer.all()], params_digest=params_digest(final_params),
+        failed_writes=self.failed_writes.lines, report_fields=report_fields, details=details)
+    write_json(os.path.join(self.run_dir, SUMMARY_FILE), summary)
+    plots.plot_learning_curve(self.run_dir, plot_title, books.history.threshold)
+    self.progress.maybe_print(f"report: {report_result.advice} ({os.path.join(self.run_dir, REPORT_FILE)})",
+                              force=True)
+    self.progress.maybe_print(f"done: {driver.env_steps} steps in {wall:.1f}s{done_extra} | eval "
+                              f"{summary['eval_return']:.1f} (best {summary['best_eval_return']:.1f}) | steps to "
+                              f"threshold {summary['steps_to_threshold']} | {self.run_dir}", force=True)
+    self.failed_writes.check(self.run_dir)
+    summary["run_dir"] = self.run_dir
+    return summary
