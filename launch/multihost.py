@@ -110,7 +110,7 @@ def build_plan(program, placement: Placement, run_dir: str, restart: Dict[str, A
       args = list(command.command_as_list)
       data = args.index("--data_file") + 1
       shared = os.path.join(folder, f"{label}.pkl")  # Launchpad wrote it to a local temp folder
-      if not os.path.exists(shared):
+      if index == 0:  # one file per group; a resumed run's replaces its last session's (other addresses)
         shutil.copyfile(args[data], shared)
       args[data] = shared
       hosts[placement.host_of(label, index).name]["nodes"].append(

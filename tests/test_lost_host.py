@@ -9,6 +9,7 @@ machine takes them all at once.
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -133,7 +134,9 @@ def test_an_actor_host_that_dies_is_named_and_the_run_finishes_without_it(slurm,
 
 def test_the_learners_host_dies_the_program_stops_and_names_how_to_resume(slurm, tmp_path):
   run_dir = str(tmp_path / "lost-learner")
-  launch = Launch(["--placement", PLACEMENT, "--steps", "40000", "--eval_every", "10000",
+  # 12k env steps: the actors stall once replay is gone, so the first session cannot finish before
+  # the host deadline; the resumed session runs the rest.
+  launch = Launch(["--placement", PLACEMENT, "--steps", "12000", "--eval_every", "4000",
                    "--checkpoint_every_steps", "3000", *SMALL, "--run_dir", run_dir], slurm)
   _wait_for(lambda: os.path.isdir(os.path.join(run_dir, "checkpoints", "ckpt-000001")), "first checkpoint", launch)
   killed = time.monotonic()
@@ -148,10 +151,18 @@ def test_the_learners_host_dies_the_program_stops_and_names_how_to_resume(slurm,
   assert _no_process_left(run_dir), _run_processes(run_dir)
   # The checkpoint it names is intact (verified by its manifest) for that command to continue from.
   from jrl.experiment.checkpoint import Checkpointer
-  assert Checkpointer(run_dir).latest().path in error
-  # Not run here: on this test cluster the resumed job stayed queued past 15 minutes behind the
-  # cancelled job, which Slurm keeps COMPLETING until it marks the dead node1 down (also after
-  # `scontrol update NodeName=node1 State=DOWN`: the resume still waited past 10 minutes).
+  latest = Checkpointer(run_dir).latest()
+  assert latest.path in error
+  resumed_from = latest.manifest["counters"]["actor_steps"]
+  # The command it printed, as a user would paste it, continues the run on node2 and node3.
+  args = shlex.split(command)
+  assert args[:3] == ["python", "-m", "launch.train"], command
+  resume = subprocess.run([sys.executable, *args[1:]], cwd=ROOT, env=slurm, capture_output=True, text=True,
+                          timeout=600)
+  assert resume.returncode == 0, resume.stdout[-3000:] + resume.stderr[-3000:]
+  summary = json.load(open(os.path.join(run_dir, "summary.json")))
+  assert summary["resumed"] and summary["actor_steps"] >= 12000 > resumed_from, summary
+  assert _no_process_left(run_dir), _run_processes(run_dir)
 
 
 def test_a_host_agent_killed_alone_takes_its_nodes_with_it(slurm, tmp_path):
