@@ -10,6 +10,10 @@ records each seed's run directory and outcome. Seeds: `0-4`, `0,2,5`, `3`, or mi
 Train flags (`--steps 20000 --deterministic --hidden_sizes 64,64`) are checked by launch.train's
 own parser before any seed starts. Exit status: 0 when every seed finished, 1 when some failed,
 2 for bad input (nothing run).
+
+With `--backend device` every seed runs in this process, in one compiled program (the device
+loop vmapped over seeds: `jrl.device.sweep`), into the same run directories; `--one_by_one`
+runs them as separate launch.train processes instead.
 """
 
 import argparse
@@ -56,6 +60,9 @@ def parse_args(argv: Sequence[str]):
   parser.add_argument("--reps", type=int, default=sweep_report.DEFAULT_REPS,
                       help=f"bootstrap resamples of the IQM/mean CIs (default {sweep_report.DEFAULT_REPS})")
   parser.add_argument("--bootstrap_seed", type=int, default=0, help="seed of the bootstrap (default 0)")
+  parser.add_argument("--one_by_one", action="store_true",
+                      help="--backend device: one launch.train process per seed instead of all seeds in one "
+                           "vmapped program")
   args, train_argv = parser.parse_known_args(argv)
   try:
     args.seed_list = sweep_report.parse_seeds(args.seeds)
@@ -76,6 +83,14 @@ def parse_args(argv: Sequence[str]):
       raise ConfigError("run_dir", f"'{args.run_dir}' is a run, not a sweep folder")
     exp, agent_cfg = check_train_flags(args.agent, args.env, args.seed_list[0], train_argv)
     args.reused = finished_earlier(args.run_dir, exp, agent_cfg, args.seed_list)
+    args.vmapped = exp.backend == "device" and not args.one_by_one
+    if args.vmapped and args.parallel != 1:
+      raise ConfigError("parallel", "--backend device runs every seed in one vmapped program; "
+                                    "add --one_by_one to run them as processes")
+    if args.vmapped:
+      from jrl.gymnax_envs import GymnaxVecEnv
+      GymnaxVecEnv(exp.env)  # ConfigError for an id gymnax does not have, before anything is written
+    args.exp, args.agent_cfg = exp, agent_cfg
   except ConfigError as e:
     fail(PROG, e)
   return args, train_argv
@@ -220,6 +235,23 @@ def run_jobs(jobs: Sequence[Job], parallel: int, log_dir: str, on_done) -> List[
   return outcomes
 
 
+def run_vmapped(args, jobs: Sequence[Job], on_done) -> None:
+  """The seeds of `jobs` as one vmapped device program in this process (`jrl.device.sweep`)."""
+  if not jobs:
+    return
+  from jrl.device.sweep import run_device_sweep
+  print(f"[sweep] seeds {', '.join(str(j.seed) for j in jobs)}: one vmapped device program", flush=True)
+  started = time.monotonic()
+  try:
+    run_device_sweep(args.exp, args.agent_cfg, [j.seed for j in jobs],
+                     [os.path.join(args.run_dir, j.name) for j in jobs])
+    code, error = 0, ""
+  except Exception as e:  # noqa: BLE001 - every seed of the program failed with it; the record says why
+    code, error = 1, f"{type(e).__name__}: {e}"
+  for job in jobs:
+    on_done(Outcome(job.seed, job.name, code, time.monotonic() - started, error))
+
+
 def sweep_record(args, train_argv: Sequence[str], outcomes: Sequence[Outcome]) -> Dict:
   return {"agent": args.agent, "env": args.env, "seeds": args.seed_list, "train_args": list(train_argv),
           "parallel": args.parallel,
@@ -234,7 +266,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   from jrl.experiment.files import write_json
   os.makedirs(args.run_dir, exist_ok=True)
   jobs = plan(args.agent, args.env, [s for s in args.seed_list if s not in args.reused], args.run_dir, train_argv)
-  print(f"[sweep] {args.agent} on {args.env}: {len(args.seed_list)} seeds ({args.seeds}), {args.parallel} at a time, "
+  at_once = "all in one vmapped program" if args.vmapped else f"{args.parallel} at a time"
+  print(f"[sweep] {args.agent} on {args.env}: {len(args.seed_list)} seeds ({args.seeds}), {at_once}, "
         f"into {args.run_dir}", flush=True)
   record_path = os.path.join(args.run_dir, sweep_report.SWEEP_FILE)
   outcomes: List[Outcome] = []
@@ -253,7 +286,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"[{len(outcomes)}/{len(args.seed_list)} finished]", flush=True)
 
   try:
-    run_jobs(jobs, args.parallel, os.path.join(args.run_dir, "logs"), on_done)
+    if args.vmapped:
+      run_vmapped(args, jobs, on_done)
+    else:
+      run_jobs(jobs, args.parallel, os.path.join(args.run_dir, "logs"), on_done)
   except KeyboardInterrupt:
     print(f"{PROG}: interrupted; finished seeds are in {record_path}; "
           f"python -m launch.report {args.run_dir} reports on them", file=sys.stderr)

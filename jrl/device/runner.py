@@ -9,14 +9,14 @@ with the same bytes as one never stopped.
 
 import os
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jrl import jit_cache
-from jrl.device.loop import Carry, DeviceLoop, build_device_parts, evaluation_key, make_plan
+from jrl.device.loop import Carry, DeviceLoop, Plan, build_device_parts, evaluation_key, make_plan
 from jrl.errors import ConfigError
 from jrl.experiment import report
 from jrl.experiment.config import ExperimentConfig
@@ -78,36 +78,13 @@ def carry_from_host(leaves: List[np.ndarray], carry_shape: Carry, shardings: Car
   return jax.device_put(jax.tree_util.tree_unflatten(treedef, leaves), shardings)
 
 
-class DeviceDriver:
-  """The device loop's host side: each `advance` runs one compiled chunk (acting and learning for
-  `plan.chunk_iterations` iterations on device) and cuts the chunk's metric rows."""
+class SeedHost:
+  """The host side of one seed of the device loop: its counters, the metric sums of the row being
+  cut, and its clocks; it cuts metric rows from a chunk's outputs, evaluates and checkpoints for
+  the run core. A subclass says where the seed's carry is (`carry`)."""
 
-  def __init__(self, exp: ExperimentConfig, agent_cfg, env: GymnaxVecEnv, parts, plan, mesh, core: RunCore,
-               clock: CompileClock):
-    self.exp, self.plan, self.core = exp, plan, core
-    self.loop = loop = DeviceLoop(exp, agent_cfg, env, parts, mesh, plan)
-    carry_shape = jax.eval_shape(loop.init, exp.seed)
-    shardings = loop.carry_shardings(carry_shape)
-    if core.saved is None:
-      self.carry = jax.jit(loop.init, static_argnums=0, out_shardings=shardings)(exp.seed)
-    else:
-      self.carry = carry_from_host(core.saved["carry"], carry_shape, shardings, os.path.relpath(core.resume_info.path))
-    compile_start = time.monotonic()
-    chunk_fn = jax.jit(loop.chunk, in_shardings=(shardings, loop.replicated),
-                       out_shardings=(shardings, loop.replicated), donate_argnums=0)
-    calls_example = jax.ShapeDtypeStruct((plan.chunk_iterations,), jnp.int32)
-    self.compiled_chunk = chunk_fn.lower(carry_shape, calls_example).compile()
-    params_shape = jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=loop.replicated),
-        jax.eval_shape(lambda c: loop.learner.params(c.learner_state), carry_shape))
-    key_shape = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=loop.replicated)
-    self.compiled_eval = jax.jit(loop.evaluate).lower(params_shape, key_shape).compile()
-    self.compile_seconds = time.monotonic() - compile_start
-    # Given the learner state alone: the rest of the carry (env states) may hold weakly typed leaves that
-    # the compiled chunk returns strongly typed (gymnax's Pendulum), and any change of type recompiles.
-    self._params_of_state = jax.jit(loop.learner.params, out_shardings=loop.replicated)
-    self.evaluator_seed = core.evaluator_seed
-    # The host's own counters: the metric sums of the row being cut, and the clocks.
+  def _init_host(self, core: RunCore, loop: DeviceLoop, plan: Plan, compiled_eval) -> None:
+    self.core, self.loop, self.plan, self.compiled_eval = core, loop, plan, compiled_eval
     self.env_steps = self.learner_steps = self.vector_steps = 0
     self.pending = {"return_sum": 0.0, "episodes": 0, "length_sum": 0, "calls": 0, **{k: 0.0 for k in loop.metric_keys}}
     self.loop_seconds = self.eval_seconds = 0.0
@@ -117,26 +94,14 @@ class DeviceDriver:
       self.env_steps, self.learner_steps, self.vector_steps = host["env_steps"], host["learner_steps"], host["vector_steps"]
       self.pending, self.row_mark = host["pending"], tuple(host["row_mark"])
       self.loop_seconds, self.eval_seconds = host["loop_seconds"], host["eval_seconds"]
-    self.samples_per_call = loop.updates_per_call * loop.batch_size
-    self.params()  # compiled now: the loop itself compiles nothing
-    jax.device_put(evaluation_key(self.evaluator_seed, 0), loop.replicated)
-    self.compiles_before_loop = clock.backend_compiles
 
-  def params(self):
-    return self._params_of_state(self.carry.learner_state)
+  carry: Carry
 
-  def advance(self, core: RunCore) -> None:
+  def account(self, core: RunCore, ys: Dict[str, np.ndarray], chunk_wall: float, chunk_began: float) -> None:
+    """Counts a chunk's iterations (`ys`: this seed's outputs, [iterations]) and cuts the rows due."""
     plan, loop = self.plan, self.loop
-    chunk_start = time.monotonic()
-    # Learner calls due at each iteration of the chunk, as the item kind schedules them (replayed rows as
-    # the host counts them; exact integers).
-    due = plan.kind.device_call_schedule(loop.spec, self.vector_steps, plan.chunk_iterations,
-                                         plan.vector_steps_per_iteration, plan.num_envs, self.samples_per_call)
-    self.carry, ys = self.compiled_chunk(self.carry, jax.device_put(due, loop.replicated))
-    ys = jax.device_get(ys)
-    chunk_wall = time.monotonic() - chunk_start
     self.loop_seconds += chunk_wall
-    chunk_began, loop_began = core.elapsed() - chunk_wall, self.loop_seconds - chunk_wall
+    loop_began = self.loop_seconds - chunk_wall
     self.vector_steps += plan.chunk_iterations * plan.vector_steps_per_iteration
     for i in range(plan.chunk_iterations):
       self.env_steps += plan.iteration_steps
@@ -165,7 +130,7 @@ class DeviceDriver:
   def evaluate(self, params):
     t0 = time.monotonic()
     index = self.core.books.history.count  # evaluation k plays the same episodes however often it is run
-    key = jax.device_put(evaluation_key(self.evaluator_seed, index), self.loop.replicated)
+    key = jax.device_put(evaluation_key(self.core.evaluator_seed, index), self.loop.replicated)
     returns = np.asarray(self.compiled_eval(params, key))
     self.eval_seconds += time.monotonic() - t0
     return returns, index
@@ -178,6 +143,77 @@ class DeviceDriver:
 
   def close(self) -> None:
     pass
+
+
+class Compiled(NamedTuple):
+  """The device loop's programs, compiled ahead of time."""
+  chunk: Any            # (carry, calls due [iterations]) -> (carry, outputs)
+  evaluate: Any         # (params, key) -> returns [eval_episodes]
+  params_of_state: Any  # learner state -> params, replicated
+  seconds: float
+
+
+def compile_loop(loop: DeviceLoop, plan: Plan, carry_shape: Carry, shardings: Optional[Carry], seeds: int = 0
+                 ) -> Compiled:
+  """Compiles the chunk (vmapped over a leading axis of `seeds` runs, when given), the evaluation
+  and the params getter."""
+  start = time.monotonic()
+  chunk = jax.vmap(loop.chunk, in_axes=(0, None)) if seeds else loop.chunk
+  chunk_fn = jax.jit(chunk, in_shardings=(shardings, loop.replicated), out_shardings=(shardings, loop.replicated),
+                     donate_argnums=0) if shardings is not None else jax.jit(chunk, donate_argnums=0)
+  calls_example = jax.ShapeDtypeStruct((plan.chunk_iterations,), jnp.int32)
+  compiled_chunk = chunk_fn.lower(carry_shape, calls_example).compile()
+  one_run = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), carry_shape) \
+      if seeds else carry_shape
+  params_shape = jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=loop.replicated),
+      jax.eval_shape(lambda c: loop.learner.params(c.learner_state), one_run))
+  key_shape = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=loop.replicated)
+  compiled_eval = jax.jit(loop.evaluate).lower(params_shape, key_shape).compile()
+  # Given the learner state alone: the rest of the carry (env states) may hold weakly typed leaves that
+  # the compiled chunk returns strongly typed (gymnax's Pendulum), and any change of type recompiles.
+  params_of_state = jax.jit(loop.learner.params, out_shardings=loop.replicated)
+  return Compiled(compiled_chunk, compiled_eval, params_of_state, time.monotonic() - start)
+
+
+class DeviceDriver(SeedHost):
+  """The device loop's host side: each `advance` runs one compiled chunk (acting and learning for
+  `plan.chunk_iterations` iterations on device) and cuts the chunk's metric rows."""
+
+  def __init__(self, exp: ExperimentConfig, agent_cfg, env: GymnaxVecEnv, parts, plan: Plan, mesh, core: RunCore,
+               clock: CompileClock):
+    loop = DeviceLoop(exp, agent_cfg, env, parts, mesh, plan)
+    carry_shape = jax.eval_shape(loop.init, exp.seed)
+    shardings = loop.carry_shardings(carry_shape)
+    if core.saved is None:
+      self.carry = jax.jit(loop.init, static_argnums=0, out_shardings=shardings)(exp.seed)
+    else:
+      self.carry = carry_from_host(core.saved["carry"], carry_shape, shardings, os.path.relpath(core.resume_info.path))
+    self.compiled = compile_loop(loop, plan, carry_shape, shardings)
+    self.compile_seconds = self.compiled.seconds
+    self._init_host(core, loop, plan, self.compiled.evaluate)
+    self.params()  # compiled now: the loop itself compiles nothing
+    jax.device_put(evaluation_key(core.evaluator_seed, 0), loop.replicated)
+    self.compiles_before_loop = clock.backend_compiles
+
+  def params(self):
+    return self.compiled.params_of_state(self.carry.learner_state)
+
+  def advance(self, core: RunCore) -> None:
+    chunk_start = time.monotonic()
+    due = calls_due_in_chunk(self.plan, self.loop, self.vector_steps)
+    self.carry, ys = self.compiled.chunk(self.carry, jax.device_put(due, self.loop.replicated))
+    ys = jax.device_get(ys)
+    chunk_wall = time.monotonic() - chunk_start
+    self.account(core, ys, chunk_wall, core.elapsed() - chunk_wall)
+
+
+def calls_due_in_chunk(plan: Plan, loop: DeviceLoop, vector_steps: int) -> np.ndarray:
+  """Learner calls due at each iteration of the next chunk, as the item kind schedules them
+  (replayed rows as the host counts them; exact integers)."""
+  return plan.kind.device_call_schedule(loop.spec, vector_steps, plan.chunk_iterations,
+                                        plan.vector_steps_per_iteration, plan.num_envs,
+                                        loop.updates_per_call * loop.batch_size)
 
 
 def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = None) -> Dict[str, Any]:

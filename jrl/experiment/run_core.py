@@ -216,30 +216,46 @@ class RunCore:
     """Runs `driver` to the budget (or the threshold, with stop_at_threshold), then evaluates
     the final parameters, checkpoints and saves the final policy; returns those parameters.
     The logs and the driver are closed however it ends."""
-    exp, books = self.exp, self.books
     try:
-      while driver.env_steps < exp.steps:
+      while driver.env_steps < self.exp.steps:
         driver.advance(self)
-        if driver.env_steps >= books.next_eval:
-          books.next_eval = next_mark(driver.env_steps, books.next_eval, exp.eval_every)
-          self.evaluate(driver)
-          if exp.stop_at_threshold and books.history.reached:
-            break
-        if self.schedule.due(driver.env_steps) and driver.env_steps < exp.steps:  # the last one follows
-          self.checkpoint(driver)
-      if books.last_eval_steps != driver.env_steps:  # always finish on an evaluation of the final parameters
-        self.evaluate(driver)
-      self.checkpoint(driver)
-      final_params = driver.params()
-      self._snapshot("final", final_params, driver, **books.last_eval)
-      return final_params
+        if self.after_advance(driver):
+          break
+      return self.conclude(driver)
     finally:
-      try:
-        driver.close()
-      finally:
-        for logger in self.loggers.values():
-          logger.close()
-        self.tb.close()
+      self.close(driver)
+
+  def after_advance(self, driver: Driver, may_stop: bool = True) -> bool:
+    """Evaluates and checkpoints when due; whether the run stops here (its threshold reached,
+    with stop_at_threshold and `may_stop`)."""
+    exp, books = self.exp, self.books
+    if driver.env_steps >= books.next_eval:
+      books.next_eval = next_mark(driver.env_steps, books.next_eval, exp.eval_every)
+      self.evaluate(driver)
+      if may_stop and exp.stop_at_threshold and books.history.reached:
+        return True
+    if self.schedule.due(driver.env_steps) and driver.env_steps < exp.steps:  # the last one follows
+      self.checkpoint(driver)
+    return False
+
+  def conclude(self, driver: Driver) -> Any:
+    """The end of the loop: an evaluation of the final parameters (unless the last one was of
+    them), a checkpoint and the final policy; returns the final parameters."""
+    if self.books.last_eval_steps != driver.env_steps:
+      self.evaluate(driver)
+    self.checkpoint(driver)
+    final_params = driver.params()
+    self._snapshot("final", final_params, driver, **self.books.last_eval)
+    return final_params
+
+  def close(self, driver: Driver) -> None:
+    """Closes the driver and the metric logs."""
+    try:
+      driver.close()
+    finally:
+      for logger in self.loggers.values():
+        logger.close()
+      self.tb.close()
 
   def finish(self, driver: Driver, final_params, wall: float, report_result, report_fields, *, kind: str,
              replay: str, learner_devices: int, learner_processes: int, details: Dict[str, Any],

@@ -1,0 +1,114 @@
+"""Many seeds of a device run in one vmapped program (`jrl.device.sweep`, `launch.sweep
+--backend device`): where its seeds start and how far they drift from single runs, the run
+folders and report it writes, resume, and bad input."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jrl.agents import dqn, ppo
+from jrl.experiment.config import ExperimentConfig
+
+pytestmark = pytest.mark.needs_gymnax
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL_DQN = dqn.Config(hidden_sizes=(32, 32), min_replay_size=200)
+
+
+def _leaves(tree):
+  return [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
+
+
+@pytest.mark.slow  # compiles the chunk twice (vmapped and alone): about a minute
+def test_seed_k_of_a_vmapped_sweep_starts_as_run_k_and_differs_by_float_error_after_a_chunk():
+  """Seed k's carry is the single run's bytes at the start (init is vmapped over traced seeds);
+  after one chunk of PPO updates its parameters differ from the single run's by float
+  reduction order only (XLA fuses the batched program differently), far below a learning step."""
+  from jrl.device.loop import DeviceLoop, build_device_parts, make_plan
+  from jrl.device.runner import calls_due_in_chunk
+  from jrl.gymnax_envs import GymnaxVecEnv
+  from jrl.learners import sharding
+  cfg = ppo.Config(hidden_sizes=(32, 32))
+  exp = ExperimentConfig(agent="ppo", env="gymnax:CartPole-v1", backend="device", steps=4096)
+  env = GymnaxVecEnv(exp.env)
+  parts = build_device_parts("ppo", env, cfg)
+  plan = make_plan(exp, parts, cfg, 1)
+  loop = DeviceLoop(exp, cfg, env, parts, sharding.make_mesh(1), plan)
+  seeds = [3, 7]
+  together = jax.jit(jax.vmap(loop.init))(jnp.asarray(seeds, jnp.int32))
+  due = jnp.asarray(calls_due_in_chunk(plan, loop, 0))
+  after_together, _ = jax.jit(jax.vmap(loop.chunk, in_axes=(0, None)))(together, due)
+  for k, seed in enumerate(seeds):
+    alone = jax.jit(loop.init, static_argnums=0)(seed)
+    for a, b in zip(_leaves(alone), _leaves(together)):
+      assert np.array_equal(a, b[k])
+    after_alone, _ = jax.jit(loop.chunk)(alone, due)
+    start = _leaves(loop.learner.params(alone.learner_state))
+    moved = _leaves(loop.learner.params(after_alone.learner_state))
+    drift = _leaves(loop.learner.params(after_together.learner_state))
+    step = max(float(np.max(np.abs(m - s))) for m, s in zip(moved, start))
+    diff = max(float(np.max(np.abs(m - d[k]))) for m, d in zip(moved, drift))
+    assert step > 1e-3 and diff < 1e-5, (step, diff)
+
+
+@pytest.mark.slow  # three sweeps
+def test_a_vmapped_sweep_resumed_from_its_checkpoints_ends_with_the_same_bytes(tmp_path):
+  """Two DQN seeds in one program, stopped at half the budget and resumed, end with the
+  parameters of the sweep never stopped; each seed's folder is a device run of its own."""
+  from jrl.device.sweep import run_device_sweep
+  exp = ExperimentConfig(agent="dqn", env="gymnax:CartPole-v1", backend="device", steps=2000, eval_every=1000,
+                         num_envs=4, progress_seconds=0, eval_episodes=2)
+  dirs = lambda name: [str(tmp_path / name / f"s{seed}") for seed in (0, 1)]
+  straight = run_device_sweep(exp, SMALL_DQN, [0, 1], dirs("straight"))
+  run_device_sweep(dataclasses.replace(exp, steps=1000), SMALL_DQN, [0, 1], dirs("resumed"))
+  resumed = run_device_sweep(dataclasses.replace(exp, resume="yes"), SMALL_DQN, [0, 1], dirs("resumed"))
+  assert [s["params_digest"] for s in resumed] == [s["params_digest"] for s in straight]
+  assert straight[0]["params_digest"] != straight[1]["params_digest"]
+  assert all(s["resumed"] and s["actor_steps"] == 2000 and s["kind"] == "device" for s in resumed), resumed
+  assert resumed[1]["details"]["vmapped_seeds"] == [0, 1]
+  for run_dir in dirs("straight"):
+    assert {"config.json", "summary.json", "report.md", "metrics", "policies", "checkpoints",
+            "tensorboard", "plots"} <= set(os.listdir(run_dir))
+    with open(os.path.join(run_dir, "config.json")) as f:
+      assert json.load(f)["experiment"]["seed"] == int(run_dir[-1])
+
+
+def test_parallel_without_one_by_one_is_refused_in_one_line(tmp_path):
+  run_dir = tmp_path / "sweep"
+  done = subprocess.run([sys.executable, "-m", "launch.sweep", "--agent", "ppo", "--env", "gymnax:CartPole-v1",
+                         "--backend", "device", "--seeds", "0-1", "--parallel", "2", "--run_dir", str(run_dir)],
+                        cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert done.returncode == 2, done.stderr
+  lines = done.stderr.strip().splitlines()
+  assert len(lines) == 1 and "parallel" in lines[0] and "--one_by_one" in lines[0], done.stderr
+  assert not run_dir.exists()
+
+
+@pytest.mark.slow  # a launch.sweep command: compiles the vmapped loop
+def test_launch_sweep_with_the_device_backend_runs_every_seed_in_one_program_and_reports(tmp_path):
+  run_dir = tmp_path / "sweep"
+  done = subprocess.run([sys.executable, "-m", "launch.sweep", "--agent", "dqn", "--env", "gymnax:CartPole-v1",
+                         "--backend", "device", "--seeds", "0-2", "--steps", "2000", "--eval_every", "1000",
+                         "--num_envs", "4", "--hidden_sizes", "32,32", "--min_replay_size", "200",
+                         "--run_dir", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  assert "all in one vmapped program" in done.stdout
+  with open(run_dir / "sweep.json") as f:
+    record = json.load(f)
+  assert [r["status"] for r in record["runs"]] == ["ok"] * 3
+  digests = set()
+  for run in record["runs"]:
+    with open(run_dir / run["run_dir"] / "summary.json") as f:
+      summary = json.load(f)
+    assert summary["seed"] == run["seed"] and summary["details"]["vmapped_seeds"] == [0, 1, 2]
+    assert summary["actor_steps"] == 2000 and summary["evaluations"] == 2
+    digests.add(summary["params_digest"])
+  assert len(digests) == 3
+  report = (run_dir / "report.md").read_text()
+  assert "3 runs" in report or "| 3 |" in report, report[:2000]
