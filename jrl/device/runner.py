@@ -216,6 +216,28 @@ def calls_due_in_chunk(plan: Plan, loop: DeviceLoop, vector_steps: int) -> np.nd
                                         loop.updates_per_call * loop.batch_size)
 
 
+class DeviceSetup(NamedTuple):
+  env: GymnaxVecEnv
+  parts: Any
+  mesh: jax.sharding.Mesh
+  plan: Plan
+  threshold: Optional[float]
+
+
+def device_setup(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int]) -> DeviceSetup:
+  """The env, agent parts, mesh, loop plan and success threshold of a device run (ConfigError for
+  bad input, before anything is written)."""
+  if exp.num_processes > 1:
+    raise ConfigError("backend", "'device' runs in one process; it cannot span --num_processes")
+  env = GymnaxVecEnv(exp.env)  # ConfigError for a gymnasium or unknown id
+  parts = build_device_parts(exp.agent, env, agent_cfg)
+  mesh = sharding.make_mesh(exp.learner_devices)
+  sharding.check_batch_size(agent_cfg.batch_size, mesh)
+  plan = make_plan(exp, parts, agent_cfg, int(mesh.devices.size), chunk_steps)
+  threshold = exp.reward_threshold if exp.reward_threshold is not None else reward_threshold(exp.env)
+  return DeviceSetup(env, parts, mesh, plan, threshold)
+
+
 def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = None) -> Dict[str, Any]:
   """Trains `exp.agent` on the gymnax env `exp.env` ('gymnax:ENV_ID') in one compiled loop;
   returns the summary (also written to summary.json). `chunk_steps` overrides the env steps
@@ -229,14 +251,7 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
   start = time.monotonic()
   clock = CompileClock()
   cache_dir = jit_cache.enable_compilation_cache()
-  if exp.num_processes > 1:
-    raise ConfigError("backend", "'device' runs in one process; it cannot span --num_processes")
-  env = GymnaxVecEnv(exp.env)  # ConfigError for a gymnasium or unknown id
-  parts = build_device_parts(exp.agent, env, agent_cfg)
-  mesh = sharding.make_mesh(exp.learner_devices)
-  sharding.check_batch_size(agent_cfg.batch_size, mesh)
-  plan = make_plan(exp, parts, agent_cfg, int(mesh.devices.size), chunk_steps)
-  threshold = exp.reward_threshold if exp.reward_threshold is not None else reward_threshold(exp.env)
+  env, parts, mesh, plan, threshold = device_setup(exp, agent_cfg, chunk_steps)
   core = RunCore(exp, agent_cfg, threshold)
   core.start_clock(at=start)
   driver = DeviceDriver(exp, agent_cfg, env, parts, plan, mesh, core, clock)

@@ -20,13 +20,13 @@ import jax
 import jax.numpy as jnp
 
 from jrl import jit_cache
-from jrl.device.loop import DeviceLoop, build_device_parts, evaluation_key, make_plan
-from jrl.device.runner import CompileClock, SeedHost, calls_due_in_chunk, carry_from_host, compile_loop, write_run_report
+from jrl.device.loop import DeviceLoop, evaluation_key
+from jrl.device.runner import (CompileClock, SeedHost, calls_due_in_chunk, carry_from_host, compile_loop, device_setup,
+                               write_run_report)
 from jrl.errors import ConfigError
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.run_core import RunCore
-from jrl.gymnax_envs import GymnaxVecEnv, reward_threshold
-from jrl.learners import sharding
+from jrl.gymnax_envs import GymnaxVecEnv
 
 
 class SeedView(SeedHost):
@@ -102,12 +102,7 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
     raise ValueError("give one run directory per seed")
   if len(set(seeds)) != len(seeds):
     raise ConfigError("seeds", f"a seed appears twice in {list(seeds)}")
-  env = GymnaxVecEnv(exp.env)  # ConfigError for a gymnasium or unknown id
-  parts = build_device_parts(exp.agent, env, agent_cfg)
-  mesh = sharding.make_mesh(exp.learner_devices)
-  sharding.check_batch_size(agent_cfg.batch_size, mesh)
-  plan = make_plan(exp, parts, agent_cfg, int(mesh.devices.size), chunk_steps)
-  threshold = exp.reward_threshold if exp.reward_threshold is not None else reward_threshold(exp.env)
+  env, parts, mesh, plan, threshold = device_setup(exp, agent_cfg, chunk_steps)
   cores = []
   for seed, run_dir in zip(seeds, run_dirs):
     resume = run_dir if exp.resume else ""
