@@ -16,7 +16,8 @@ train: setup
 # The fast tier (a few minutes): everything but the tests marked slow (learning to a threshold,
 # real Launchpad programs, Slurm, whole commands), one pytest worker per core (PARALLEL; a test
 # file's tests share a worker). `make test-all` runs both tiers (CI does): the fast one so, then the
-# slow one a test at a time (its programs and clusters each want the whole machine).
+# slow one a test at a time (its programs and clusters each want the whole machine), except the slow
+# tests marked in_pairs (one process each, seeded bytes rather than timing decide them): two at a time.
 # `make test-long` the learning runs of many minutes that CI leaves out (marked long).
 PARALLEL ?= -n auto --dist loadfile
 
@@ -25,8 +26,9 @@ test: setup
 
 test-all: setup
 	bash scripts/run_tests.sh -m "not slow" $(PARALLEL) $(PYTEST_ARGS); fast=$$?; \
-	bash scripts/run_tests.sh -m "slow and not long" $(PYTEST_ARGS); slow=$$?; \
-	[ $$fast -eq 0 ] && [ $$slow -eq 0 ]
+	bash scripts/run_tests.sh -m "slow and not long and not in_pairs" $(PYTEST_ARGS); slow=$$?; \
+	bash scripts/run_tests.sh -m "slow and not long and in_pairs" -n 2 $(PYTEST_ARGS); pairs=$$?; \
+	[ $$fast -eq 0 ] && [ $$slow -eq 0 ] && [ $$pairs -eq 0 ]
 
 test-long: setup
 	bash scripts/run_tests.sh -m long $(PYTEST_ARGS)

@@ -133,6 +133,7 @@ BAD_INPUTS = {
 }
 
 
+@pytest.mark.in_pairs
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_bad_input_gives_one_line_and_status_2(tmp_path):
@@ -153,6 +154,7 @@ def _read(path):
     return list(csv.DictReader(f))
 
 
+@pytest.mark.in_pairs
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_an_env_of_your_own_runs_in_the_loop_and_is_learned(tmp_path):
@@ -187,6 +189,7 @@ def test_an_env_of_your_own_runs_in_the_loop_and_is_learned(tmp_path):
   assert [int(policy(np.asarray([0.0, side], np.float32))) for side in (-1.0, 1.0)] == [0, 1]
 
 
+@pytest.mark.in_pairs
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_r2d2_learns_gymnax_cartpole_in_the_loop(tmp_path):
@@ -207,6 +210,7 @@ def test_r2d2_learns_gymnax_cartpole_in_the_loop(tmp_path):
   assert summary["details"]["loop_compiles"] == 0
 
 
+@pytest.mark.in_pairs
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_ppo_reaches_475_on_gymnax_cartpole_and_writes_the_run_directory(tmp_path):
@@ -245,6 +249,7 @@ def _short_run(tmp_path, name, agent, steps, chunk_steps=None, **exp_fields):
   return run_device(exp, cfg, chunk_steps=chunk_steps)
 
 
+@pytest.mark.in_pairs
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_same_seed_same_bytes_and_chunking_does_not_change_training(tmp_path):
@@ -262,6 +267,7 @@ def test_same_seed_same_bytes_and_chunking_does_not_change_training(tmp_path):
   assert untimed("a") == untimed("b")
 
 
+@pytest.mark.in_pairs
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_a_run_resumed_from_its_checkpoint_ends_with_the_same_bytes(tmp_path):
@@ -357,6 +363,7 @@ json.dump({"devices": jax.device_count(), **out}, open(sys.argv[1] + "/out.json"
 """
 
 
+@pytest.mark.in_pairs
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_two_devices_learn_as_one(tmp_path):

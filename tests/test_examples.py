@@ -153,6 +153,7 @@ def test_seed_sweep_example_compares_two_agents_in_one_report(tmp_path, monkeypa
   assert (tmp_path / "cmp" / "report.md").is_file()
 
 
+@pytest.mark.in_pairs
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_device_run_example_writes_a_run_directory(tmp_path):

@@ -228,6 +228,7 @@ def test_bad_input_on_the_command_line_gives_one_line_and_status_2(tmp_path, arg
   assert not (tmp_path / "never").exists()
 
 
+@pytest.mark.in_pairs
 @pytest.mark.slow
 def test_r2d2_learns_masked_cartpole_where_it_needs_memory(tmp_path):
   """A short seeded run: feed-forward DQN stays near 50 on this task for 200k env steps
@@ -259,6 +260,7 @@ def test_r2d2_runs_distributed_with_the_state_on_the_inference_server(tmp_path):
   assert summary["learner_steps"] > 0
 
 
+@pytest.mark.in_pairs
 @pytest.mark.slow
 def test_a_resumed_seeded_run_ends_with_the_same_bytes(tmp_path):
   """The checkpoint holds the open sequences, the policy's core states and the is_first flags."""
