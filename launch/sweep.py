@@ -37,6 +37,7 @@ class Job(NamedTuple):
   seed: int
   name: str             # run directory's name inside the sweep folder
   command: List[str]
+  point: Optional[Dict[str, float]] = None  # the grid point (agent config fields), if any
 
 
 class Outcome(NamedTuple):
@@ -45,6 +46,7 @@ class Outcome(NamedTuple):
   returncode: int
   seconds: float
   error: str            # why it failed ("" when it finished)
+  point: Optional[Dict[str, float]] = None
 
 
 def parse_args(argv: Sequence[str]):
@@ -60,6 +62,9 @@ def parse_args(argv: Sequence[str]):
   parser.add_argument("--reps", type=int, default=sweep_report.DEFAULT_REPS,
                       help=f"bootstrap resamples of the IQM/mean CIs (default {sweep_report.DEFAULT_REPS})")
   parser.add_argument("--bootstrap_seed", type=int, default=0, help="seed of the bootstrap (default 0)")
+  parser.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2,...",
+                      help="--backend device: a hyperparameter of the agent's config to sweep, crossed with the "
+                           "seeds and the other --grid fields, as traced values of the one program (repeatable)")
   parser.add_argument("--one_by_one", action="store_true",
                       help="--backend device: one launch.train process per seed instead of all seeds in one "
                            "vmapped program")
@@ -82,8 +87,17 @@ def parse_args(argv: Sequence[str]):
     if os.path.isfile(os.path.join(args.run_dir, "config.json")):
       raise ConfigError("run_dir", f"'{args.run_dir}' is a run, not a sweep folder")
     exp, agent_cfg = check_train_flags(args.agent, args.env, args.seed_list[0], train_argv)
-    args.reused = finished_earlier(args.run_dir, exp, agent_cfg, args.seed_list)
     args.vmapped = exp.backend == "device" and not args.one_by_one
+    grid = parse_grid(args.grid)
+    if grid and not args.vmapped:
+      raise ConfigError("grid", "sweeps hyperparameters inside one vmapped device program: needs --backend device "
+                                "(without --one_by_one)")
+    if grid:
+      from jrl.device.sweep import check_grid, grid_points
+      check_grid(exp, agent_cfg, grid)
+    args.points = grid_points(grid) if grid else [None]
+    args.runs = [(seed, point) for point in args.points for seed in args.seed_list]
+    args.reused = finished_earlier(args.run_dir, exp, agent_cfg, args.runs)
     if args.vmapped and args.parallel != 1:
       raise ConfigError("parallel", "--backend device runs every seed in one vmapped program; "
                                     "add --one_by_one to run them as processes")
@@ -123,16 +137,32 @@ def _comparable(payload: Dict) -> Dict:
   return data
 
 
-def finished_earlier(sweep_dir: str, exp, agent_cfg, seeds: Sequence[int]) -> List[int]:
-  """Seeds whose run directory already holds a finished run with this sweep's settings: they are
-  reused, so a sweep can be extended (0-2, then 0-4). Any other run already there is a ConfigError
-  naming it (launch.train would refuse it)."""
+def parse_grid(specs: Sequence[str]) -> Dict[str, List[float]]:
+  """--grid FIELD=V1,V2,... (repeatable) -> {field: values}; ConfigError('grid') for a bad one."""
+  from jrl.errors import ConfigError
+  grid: Dict[str, List[float]] = {}
+  for spec in specs:
+    name, _, values = spec.partition("=")
+    try:
+      numbers = [float(v) for v in values.split(",")]
+    except ValueError:
+      numbers = []
+    if not name or not numbers or name in grid:
+      raise ConfigError("grid", f"expected FIELD=V1,V2,... with numbers, each field once, got '{spec}'")
+    grid[name] = numbers
+  return grid
+
+
+def finished_earlier(sweep_dir: str, exp, agent_cfg, runs: Sequence[tuple]) -> List[tuple]:
+  """The (seed, grid point) runs whose run directory already holds a finished run with this
+  sweep's settings: they are reused, so a sweep can be extended (0-2, then 0-4). Any other run
+  already there is a ConfigError naming it (launch.train would refuse it)."""
   from jrl.errors import ConfigError
   from jrl.experiment.files import check_run_dir_target, config_payload
   from jrl.experiment.sweep_report import run_dir_name
   reused = []
-  for seed in seeds:
-    run_dir = os.path.join(sweep_dir, run_dir_name(exp.agent, exp.env, seed))
+  for seed, point in runs:
+    run_dir = os.path.join(sweep_dir, run_dir_name(exp.agent, exp.env, seed, point))
     if not os.path.isfile(os.path.join(run_dir, "config.json")):
       continue
     try:
@@ -145,9 +175,10 @@ def finished_earlier(sweep_dir: str, exp, agent_cfg, seeds: Sequence[int]) -> Li
         saved = _comparable(json.load(f))
     except (OSError, ValueError):
       saved = None
-    wanted = _comparable(config_payload(dataclasses.replace(exp, seed=seed), agent_cfg))
+    wanted = _comparable(config_payload(dataclasses.replace(exp, seed=seed),
+                                        dataclasses.replace(agent_cfg, **(point or {}))))
     if saved == wanted and os.path.isfile(os.path.join(run_dir, "summary.json")):
-      reused.append(seed)
+      reused.append((seed, point))
       continue
     state = "with other settings" if saved != wanted else "that did not finish"
     raise ConfigError("run_dir", f"'{run_dir}' already holds a run {state}; remove it, pick another --run_dir, "
@@ -155,13 +186,16 @@ def finished_earlier(sweep_dir: str, exp, agent_cfg, seeds: Sequence[int]) -> Li
   return reused
 
 
-def plan(agent: str, env: str, seeds: Sequence[int], sweep_dir: str, train_argv: Sequence[str]) -> List[Job]:
+def plan(agent: str, env: str, runs: Sequence[tuple], sweep_dir: str, train_argv: Sequence[str]) -> List[Job]:
+  """One job per (seed, grid point); a point's fields are flags of its launch.train command."""
   from jrl.experiment.sweep_report import run_dir_name
   jobs = []
-  for seed in seeds:
-    name = run_dir_name(agent, env, seed)
+  for seed, point in runs:
+    name = run_dir_name(agent, env, seed, point)
+    point_flags = [word for k, v in (point or {}).items() for word in (f"--{k}", repr(v))]
     jobs.append(Job(seed, name, [sys.executable, "-m", "launch.train", "--agent", agent, "--env", env,
-                                 "--seed", str(seed), "--run_dir", os.path.join(sweep_dir, name), *train_argv]))
+                                 "--seed", str(seed), "--run_dir", os.path.join(sweep_dir, name), *train_argv,
+                                 *point_flags], point))
   return jobs
 
 
@@ -203,7 +237,7 @@ class _Child:
       why = f"killed by signal {-code}" if code < 0 else f"exit {code}"
       detail = self.error_line or self.last_line  # a traceback ends with the exception's line
       error = f"{why}: {detail}" if detail else why
-    return Outcome(self.job.seed, self.job.name, code, seconds, error)
+    return Outcome(self.job.seed, self.job.name, code, seconds, error, self.job.point)
 
 
 def run_jobs(jobs: Sequence[Job], parallel: int, log_dir: str, on_done) -> List[Outcome]:
@@ -244,20 +278,21 @@ def run_vmapped(args, jobs: Sequence[Job], on_done) -> None:
   started = time.monotonic()
   try:
     run_device_sweep(args.exp, args.agent_cfg, [j.seed for j in jobs],
-                     [os.path.join(args.run_dir, j.name) for j in jobs])
+                     [os.path.join(args.run_dir, j.name) for j in jobs], points=[j.point or {} for j in jobs])
     code, error = 0, ""
   except Exception as e:  # noqa: BLE001 - every seed of the program failed with it; the record says why
     code, error = 1, f"{type(e).__name__}: {e}"
   for job in jobs:
-    on_done(Outcome(job.seed, job.name, code, time.monotonic() - started, error))
+    on_done(Outcome(job.seed, job.name, code, time.monotonic() - started, error, job.point))
 
 
 def sweep_record(args, train_argv: Sequence[str], outcomes: Sequence[Outcome]) -> Dict:
-  return {"agent": args.agent, "env": args.env, "seeds": args.seed_list, "train_args": list(train_argv),
+  return {"agent": args.agent, "env": args.env, "seeds": args.seed_list, "grid": args.grid, "train_args": list(train_argv),
           "parallel": args.parallel,
           "runs": [{"seed": o.seed, "run_dir": o.name, "status": "ok" if o.returncode == 0 else "failed",
-                    "returncode": o.returncode, "wall_seconds": round(o.seconds, 2), "error": o.error}
-                   for o in sorted(outcomes, key=lambda o: o.seed)]}
+                    "returncode": o.returncode, "wall_seconds": round(o.seconds, 2), "error": o.error,
+                    **({"point": o.point} if o.point else {})}
+                   for o in sorted(outcomes, key=lambda o: (o.name, o.seed))]}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -265,15 +300,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   from jrl.experiment import sweep_report
   from jrl.experiment.files import write_json
   os.makedirs(args.run_dir, exist_ok=True)
-  jobs = plan(args.agent, args.env, [s for s in args.seed_list if s not in args.reused], args.run_dir, train_argv)
+  jobs = plan(args.agent, args.env, [r for r in args.runs if r not in args.reused], args.run_dir, train_argv)
   at_once = "all in one vmapped program" if args.vmapped else f"{args.parallel} at a time"
-  print(f"[sweep] {args.agent} on {args.env}: {len(args.seed_list)} seeds ({args.seeds}), {at_once}, "
+  points = f" x {len(args.points)} grid points" if args.points != [None] else ""
+  print(f"[sweep] {args.agent} on {args.env}: {len(args.seed_list)} seeds ({args.seeds}){points}, {at_once}, "
         f"into {args.run_dir}", flush=True)
   record_path = os.path.join(args.run_dir, sweep_report.SWEEP_FILE)
   outcomes: List[Outcome] = []
-  for seed in args.reused:
-    outcomes.append(Outcome(seed, sweep_report.run_dir_name(args.agent, args.env, seed), 0, 0.0, ""))
-    print(f"[sweep] seed {seed}: finished earlier with the same settings; reused", flush=True)
+  for seed, point in args.reused:
+    outcomes.append(Outcome(seed, sweep_report.run_dir_name(args.agent, args.env, seed, point), 0, 0.0, "", point))
+    print(f"[sweep] seed {seed}{' ' + sweep_report.point_label(point) if point else ''}: finished earlier with the "
+          "same settings; reused", flush=True)
   if args.reused:
     write_json(record_path, sweep_record(args, train_argv, outcomes))
 
@@ -282,8 +319,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     write_json(record_path, sweep_record(args, train_argv, outcomes))
     state = "done" if outcome.returncode == 0 else \
         f"FAILED ({outcome.error}; log {os.path.join(args.run_dir, 'logs', outcome.name + '.log')})"
-    print(f"[sweep] seed {outcome.seed}: {state} in {outcome.seconds:.1f}s "
-          f"[{len(outcomes)}/{len(args.seed_list)} finished]", flush=True)
+    print(f"[sweep] seed {outcome.seed}{' ' + sweep_report.point_label(outcome.point) if outcome.point else ''}: "
+          f"{state} in {outcome.seconds:.1f}s "
+          f"[{len(outcomes)}/{len(args.runs)} finished]", flush=True)
 
   try:
     if args.vmapped:

@@ -73,7 +73,7 @@ def test_a_vmapped_sweep_resumed_from_its_checkpoints_ends_with_the_same_bytes(t
   assert [s["params_digest"] for s in resumed] == [s["params_digest"] for s in straight]
   assert straight[0]["params_digest"] != straight[1]["params_digest"]
   assert all(s["resumed"] and s["actor_steps"] == 2000 and s["kind"] == "device" for s in resumed), resumed
-  assert resumed[1]["details"]["vmapped_seeds"] == [0, 1]
+  assert resumed[1]["details"]["vmapped_runs"] == 2 and resumed[1]["details"]["grid_point"] == {}
   for run_dir in dirs("straight"):
     assert {"config.json", "summary.json", "report.md", "metrics", "policies", "checkpoints",
             "tensorboard", "plots"} <= set(os.listdir(run_dir))
@@ -109,9 +109,60 @@ def test_launch_sweep_with_the_device_backend_runs_every_seed_in_one_program_and
   for run in record["runs"]:
     with open(run_dir / run["run_dir"] / "summary.json") as f:
       summary = json.load(f)
-    assert summary["seed"] == run["seed"] and summary["details"]["vmapped_seeds"] == [0, 1, 2]
+    assert summary["seed"] == run["seed"] and summary["details"]["vmapped_runs"] == 3
     assert summary["actor_steps"] == 2000 and summary["evaluations"] == 2
     digests.add(summary["params_digest"])
   assert len(digests) == 3
   report = (run_dir / "report.md").read_text()
   assert "3 runs" in report or "| 3 |" in report, report[:2000]
+
+
+@pytest.mark.parametrize("flags, field", [
+    (["--grid", "hidden_sizes=64"], "hidden_sizes"),
+    (["--grid", "no_such_field=1,2"], "no_such_field"),
+    (["--grid", "n_step=1,3"], "n_step"),
+    (["--grid", "learning_rate=1e-3", "--one_by_one"], "--backend device"),
+])
+def test_a_grid_field_the_program_cannot_trace_is_refused_in_one_line(flags, field, tmp_path):
+  """Shape fields (hidden_sizes, n_step: the replay layout), unknown fields, and a grid outside one
+  vmapped program: one line naming the field, exit 2, nothing written."""
+  run_dir = tmp_path / "sweep"
+  done = subprocess.run([sys.executable, "-m", "launch.sweep", "--agent", "dqn", "--env", "gymnax:CartPole-v1",
+                         "--backend", "device", "--seeds", "0-1", "--run_dir", str(run_dir), *flags],
+                        cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+  lines = done.stderr.strip().splitlines()
+  assert len(lines) == 1 and "grid" in lines[0] and field in lines[0], done.stderr
+  assert not run_dir.exists()
+
+
+@pytest.mark.in_pairs
+@pytest.mark.slow  # a launch.sweep command of 12 runs in one program
+def test_a_grid_of_three_learning_rates_by_four_seeds_writes_twelve_runs_and_compares_the_points(tmp_path):
+  run_dir = tmp_path / "grid"
+  rates = ["0.003", "0.001", "0.0003"]
+  done = subprocess.run([sys.executable, "-m", "launch.sweep", "--agent", "dqn", "--env", "gymnax:CartPole-v1",
+                         "--backend", "device", "--seeds", "0-3", "--grid", "learning_rate=" + ",".join(rates),
+                         "--steps", "2000", "--eval_every", "1000", "--num_envs", "4", "--hidden_sizes", "32,32",
+                         "--min_replay_size", "200", "--reps", "2000", "--run_dir", str(run_dir)],
+                        cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  runs = sorted(p for p in os.listdir(run_dir) if (run_dir / p / "summary.json").is_file())
+  assert len(runs) == 12, runs
+  rates_seen = set()
+  for name in runs:
+    with open(run_dir / name / "config.json") as f:
+      config = json.load(f)
+    with open(run_dir / name / "summary.json") as f:
+      summary = json.load(f)
+    lr = config["agent"]["learning_rate"]
+    assert summary["details"]["grid_point"] == {"learning_rate": lr} and f"learning_rate_{lr:g}" in name
+    rates_seen.add(lr)
+  assert rates_seen == {float(r) for r in rates}
+  with open(run_dir / "report.json") as f:
+    report = json.load(f)
+  groups = {g["agent"]: g for g in report["groups"]}
+  assert set(groups) == {f"dqn learning_rate={float(r):g}" for r in rates}, set(groups)
+  for group in groups.values():
+    iqm = group["iqm"]
+    assert len(group["scores"]) == 4 and iqm["low"] <= iqm["point"] <= iqm["high"], group

@@ -153,23 +153,23 @@ class Compiled(NamedTuple):
   seconds: float
 
 
-def compile_loop(loop: DeviceLoop, plan: Plan, carry_shape: Carry, shardings: Optional[Carry], seeds: int = 0
-                 ) -> Compiled:
-  """Compiles the chunk (vmapped over a leading axis of `seeds` runs, when given), the evaluation
-  and the params getter."""
-  start = time.monotonic()
-  chunk = jax.vmap(loop.chunk, in_axes=(0, None)) if seeds else loop.chunk
-  chunk_fn = jax.jit(chunk, in_shardings=(shardings, loop.replicated), out_shardings=(shardings, loop.replicated),
-                     donate_argnums=0) if shardings is not None else jax.jit(chunk, donate_argnums=0)
-  calls_example = jax.ShapeDtypeStruct((plan.chunk_iterations,), jnp.int32)
-  compiled_chunk = chunk_fn.lower(carry_shape, calls_example).compile()
-  one_run = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), carry_shape) \
-      if seeds else carry_shape
+def compile_evaluation(loop: DeviceLoop, carry_shape: Carry):
+  """The evaluation of `loop` (`loop.evaluate`), compiled for one run's parameters."""
   params_shape = jax.tree_util.tree_map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=loop.replicated),
-      jax.eval_shape(lambda c: loop.learner.params(c.learner_state), one_run))
+      jax.eval_shape(lambda c: loop.learner.params(c.learner_state), carry_shape))
   key_shape = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=loop.replicated)
-  compiled_eval = jax.jit(loop.evaluate).lower(params_shape, key_shape).compile()
+  return jax.jit(loop.evaluate).lower(params_shape, key_shape).compile()
+
+
+def compile_loop(loop: DeviceLoop, plan: Plan, carry_shape: Carry, shardings: Optional[Carry]) -> Compiled:
+  """Compiles the chunk, the evaluation and the params getter of one run."""
+  start = time.monotonic()
+  chunk_fn = jax.jit(loop.chunk, in_shardings=(shardings, loop.replicated),
+                     out_shardings=(shardings, loop.replicated), donate_argnums=0)
+  calls_example = jax.ShapeDtypeStruct((plan.chunk_iterations,), jnp.int32)
+  compiled_chunk = chunk_fn.lower(carry_shape, calls_example).compile()
+  compiled_eval = compile_evaluation(loop, carry_shape)
   # Given the learner state alone: the rest of the carry (env states) may hold weakly typed leaves that
   # the compiled chunk returns strongly typed (gymnax's Pendulum), and any change of type recompiles.
   params_of_state = jax.jit(loop.learner.params, out_shardings=loop.replicated)

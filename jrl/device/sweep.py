@@ -1,6 +1,8 @@
-"""Many seeds of one device run in one compiled program: the loop's carry gains a leading seed
-axis and one `jax.vmap`ped chunk steps every seed at once (PureJaxRL's way of training many
-agents together).
+"""Many seeds of one device run in one compiled program: the loop's carry gains a leading run
+axis and one `jax.vmap`ped chunk steps every run at once (PureJaxRL's way of training many
+agents together). A grid of hyperparameters that change no array shape (learning rates,
+discount, entropy cost...) rides along as traced values: each run has its own point, and the
+agent's learner and policy are built inside the vmapped program from a config holding it.
 
 Each seed is a run of its own for everything the host does: its own run directory, config,
 metrics, evaluations, policies, checkpoints, report and summary.json (the run core's, as
@@ -9,32 +11,92 @@ seeds share is the program: one compilation, one call per chunk, and the learner
 (it depends on env steps only, which every seed takes in step).
 
   summaries = run_device_sweep(exp, agent_cfg, seeds=[0, 1, 2, 3], run_dirs=[...])
+  summaries = run_device_sweep(exp, agent_cfg, seeds=[0, 0, 1, 1], run_dirs=[...],
+                               points=[{"learning_rate": 1e-3}, {"learning_rate": 3e-4}] * 2)
 """
 
+import copy
 import dataclasses
+import itertools
 import os
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 
 from jrl import jit_cache
-from jrl.device.loop import DeviceLoop, evaluation_key
-from jrl.device.runner import (CompileClock, SeedHost, calls_due_in_chunk, carry_from_host, compile_loop, device_setup,
-                               write_run_report)
+from jrl.device.loop import DeviceLoop, evaluation_key, make_plan
+from jrl.device.runner import (CompileClock, SeedHost, calls_due_in_chunk, carry_from_host, compile_evaluation,
+                               device_setup, write_run_report)
 from jrl.errors import ConfigError
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.run_core import RunCore
 from jrl.gymnax_envs import GymnaxVecEnv
+from jrl.learners import sharding
+
+
+Point = Mapping[str, float]  # hyperparameters of one run: agent config field -> value
+
+
+def grid_points(grid: Mapping[str, Sequence[float]]) -> List[Dict[str, float]]:
+  """Every combination of the grid's values, in the order given ({} for no grid)."""
+  fields = list(grid)
+  return [dict(zip(fields, values)) for values in itertools.product(*(grid[f] for f in fields))]
+
+
+def check_grid(exp: ExperimentConfig, agent_cfg, grid: Mapping[str, Sequence[float]]) -> None:
+  """ConfigError naming the first grid field the vmapped loop cannot take as a traced value: not a
+  numeric field of the agent's config, one that changes the networks or the replay layout (array
+  shapes, the learner-call schedule), or one the agent uses in Python control flow."""
+  fields = {f.name: f for f in dataclasses.fields(agent_cfg)}
+  for name, values in grid.items():
+    field = fields.get(name)
+    if field is None:
+      raise ConfigError("grid", f"'{name}' is not a field of the {exp.agent} config")
+    if not isinstance(getattr(agent_cfg, name), (int, float)) or isinstance(getattr(agent_cfg, name), bool):
+      raise ConfigError("grid", f"'{name}' is not a number; a grid takes numeric fields that change no array shape")
+    if not values:
+      raise ConfigError("grid", f"'{name}' has no values")
+  if not grid:
+    return
+  env, parts, _, _, _ = device_setup(exp, agent_cfg, None)
+  state_shapes = lambda cfg: jax.eval_shape(parts.agent.make_learner(parts.agent.make_networks(env.spec, cfg), cfg).init,
+                                            jax.random.PRNGKey(0))
+  base_shapes = state_shapes(agent_cfg)
+  for point in grid_points(grid):
+    other = dataclasses.replace(agent_cfg, **point)  # the config's own checks, on each value
+    if parts.agent.make_replay_spec(other) != parts.replay_spec or state_shapes(other) != base_shapes:
+      raise ConfigError("grid", f"{', '.join(point)}: a value changes the networks or the replay layout "
+                                "(array shapes or the learner-call schedule); sweep it with one run per value")
+  fields_in = sorted(grid)
+  traced = lambda values: _with_traced(agent_cfg, fields_in, values)
+  try:
+    jax.eval_shape(lambda v: DeviceLoop(exp, traced(v), env, parts, sharding.make_mesh(exp.learner_devices),
+                                        make_plan(exp, parts, agent_cfg, 1)).init(0),
+                   jax.ShapeDtypeStruct((len(fields_in),), jnp.float32))
+  except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
+          jax.errors.TracerIntegerConversionError, TypeError) as e:
+    raise ConfigError("grid", f"{', '.join(fields_in)}: the {exp.agent} agent uses a value in Python, not as an "
+                              f"array ({type(e).__name__}); sweep it with one run per value") from None
+
+
+def _with_traced(agent_cfg, fields: Sequence[str], values):
+  """`agent_cfg` holding the traced grid values (int fields as int32, the rest float32). The
+  config's own checks ran on every point's concrete values (`check_grid`, the run cores); they
+  cannot run on tracers, so the fields are set without them."""
+  cfg = copy.copy(agent_cfg)
+  for i, f in enumerate(fields):
+    object.__setattr__(cfg, f, values[i].astype(jnp.int32) if isinstance(getattr(agent_cfg, f), int) else values[i])
+  return cfg
 
 
 class SeedView(SeedHost):
-  """Seed `index` of a vmapped sweep, as a run core's driver sees it."""
+  """Run `index` of a vmapped sweep, as a run core's driver sees it."""
 
-  def __init__(self, sweep: "VmappedSeeds", index: int, core: RunCore):
+  def __init__(self, sweep: "VmappedRuns", index: int, core: RunCore, compiled_eval):
     self.sweep, self.index = sweep, index
-    self._init_host(core, sweep.loop, sweep.plan, sweep.compiled.evaluate)
+    self._init_host(core, sweep.loop, sweep.plan, compiled_eval)
 
   @property
   def carry(self):
@@ -42,34 +104,51 @@ class SeedView(SeedHost):
 
   def params(self):
     state = jax.tree_util.tree_map(lambda x: x[self.index], self.sweep.carry.learner_state)
-    return self.sweep.compiled.params_of_state(state)
+    return self.sweep.params_of_state(state)
 
   def advance(self, core: RunCore) -> None:
-    raise NotImplementedError("a sweep advances all its seeds at once (VmappedSeeds.advance)")
+    raise NotImplementedError("a sweep advances all its runs at once (VmappedRuns.advance)")
 
 
-class VmappedSeeds:
-  """The sweep's one carry (leading axis: seeds) and its compiled programs."""
+class VmappedRuns:
+  """The sweep's one carry (leading axis: runs), each run's hyperparameter point, and the
+  compiled programs."""
 
   def __init__(self, exp: ExperimentConfig, agent_cfg, env: GymnaxVecEnv, parts, plan, mesh,
-               cores: Sequence[RunCore]):
+               cores: Sequence[RunCore], points: Sequence[Point]):
+    start = time.monotonic()
     self.plan = plan
-    self.loop = loop = DeviceLoop(exp, agent_cfg, env, parts, mesh, plan)
+    self.loop = loop = DeviceLoop(exp, agent_cfg, env, parts, mesh, plan)  # host-side shapes and schedule
+    fields = sorted(points[0])
+    loop_at = lambda v: DeviceLoop(exp, _with_traced(agent_cfg, fields, v), env, parts, mesh, plan)
+    self.values = jnp.asarray([[point[f] for f in fields] for point in points], jnp.float32)  # [runs, fields]
     seeds = jnp.asarray([core.exp.seed for core in cores], jnp.int32)
-    carry_shape = jax.eval_shape(jax.vmap(loop.init), seeds)
+    init = jax.vmap(lambda v, seed: loop_at(v).init(seed))
+    carry_shape = jax.eval_shape(init, self.values, seeds)
+    one = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), carry_shape)
     if all(core.saved is None for core in cores):
-      self.carry = jax.jit(jax.vmap(loop.init))(seeds)
+      self.carry = jax.jit(init)(self.values, seeds)
     elif all(core.saved is not None for core in cores):
-      one = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), carry_shape)
       carries = [carry_from_host(core.saved["carry"], one, jax.tree_util.tree_map(lambda _: loop.replicated, one),
                                  os.path.relpath(core.resume_info.path)) for core in cores]
       self.carry = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *carries)
     else:
-      raise ConfigError("resume", "some seeds of the sweep have a checkpoint and some do not; resume all or none")
-    self.compiled = compile_loop(loop, plan, carry_shape, None, seeds=len(cores))
-    self.views = [SeedView(self, i, core) for i, core in enumerate(cores)]
+      raise ConfigError("resume", "some runs of the sweep have a checkpoint and some do not; resume all or none")
+    chunk = jax.vmap(lambda v, carry, due: loop_at(v).chunk(carry, due), in_axes=(0, 0, None))
+    calls_example = jax.ShapeDtypeStruct((plan.chunk_iterations,), jnp.int32)
+    self.chunk = jax.jit(chunk, donate_argnums=1).lower(self.values, carry_shape, calls_example).compile()
+    self.params_of_state = jax.jit(loop.learner.params, out_shardings=loop.replicated)
+    evaluations: Dict[tuple, Any] = {}  # one compiled evaluation per point (the greedy policy may use it)
+    for point in points:
+      key = tuple(sorted(point.items()))
+      if key not in evaluations:
+        evaluations[key] = compile_evaluation(DeviceLoop(exp, dataclasses.replace(agent_cfg, **point), env, parts,
+                                                         mesh, plan), one)
+    self.compile_seconds = time.monotonic() - start
+    self.views = [SeedView(self, i, core, evaluations[tuple(sorted(point.items()))])
+                  for i, (core, point) in enumerate(zip(cores, points))]
     if len({(v.env_steps, v.vector_steps) for v in self.views}) != 1:
-      raise ConfigError("resume", "the seeds' checkpoints are at different env steps; resume them one by one")
+      raise ConfigError("resume", "the runs' checkpoints are at different env steps; resume them one by one")
     self.views[0].params()  # compiled now
     jax.device_put(evaluation_key(0, 0), loop.replicated)
 
@@ -78,10 +157,10 @@ class VmappedSeeds:
     return self.views[0].env_steps
 
   def advance(self, cores: Sequence[RunCore]) -> None:
-    """One chunk for every seed; each seed's rows go to its own run core."""
+    """One chunk for every run; each run's rows go to its own run core."""
     chunk_start = time.monotonic()
     due = calls_due_in_chunk(self.plan, self.loop, self.views[0].vector_steps)
-    self.carry, ys = self.compiled.chunk(self.carry, jax.device_put(due, self.loop.replicated))
+    self.carry, ys = self.chunk(self.values, self.carry, jax.device_put(due, self.loop.replicated))
     ys = jax.device_get(ys)
     chunk_wall = time.monotonic() - chunk_start
     for i, (view, core) in enumerate(zip(self.views, cores)):
@@ -89,28 +168,35 @@ class VmappedSeeds:
 
 
 def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run_dirs: Sequence[str],
-                     chunk_steps: Optional[int] = None) -> List[Dict[str, Any]]:
-  """Trains `exp.agent` on the gymnax env `exp.env` for every seed of `seeds` at once, seed k into
-  `run_dirs[k]`; returns their summaries. `exp.resume` (any value) continues each seed from its
-  run directory's newest checkpoint. Evaluations, checkpoints and the threshold rule are each
-  seed's own; the sweep ends when every seed has its budget (stop_at_threshold stops no seed
-  early: they step together)."""
+                     chunk_steps: Optional[int] = None, points: Optional[Sequence[Point]] = None
+                     ) -> List[Dict[str, Any]]:
+  """Trains `exp.agent` on the gymnax env `exp.env` as one program of runs: run k has seed
+  `seeds[k]`, hyperparameters `points[k]` (agent config fields; all points name the same fields;
+  `check_grid` first) and writes into `run_dirs[k]`. Returns their summaries. `exp.resume` (any
+  value) continues each run from its run directory's newest checkpoint. Evaluations, checkpoints
+  and the threshold rule are each run's own; the sweep ends when every run has its budget
+  (stop_at_threshold stops no run early: they step together)."""
   start = time.monotonic()
   clock = CompileClock()
   cache_dir = jit_cache.enable_compilation_cache()
-  if len(seeds) != len(run_dirs) or not seeds:
-    raise ValueError("give one run directory per seed")
-  if len(set(seeds)) != len(seeds):
-    raise ConfigError("seeds", f"a seed appears twice in {list(seeds)}")
+  points = [dict(p) for p in points] if points is not None else [{} for _ in seeds]
+  if not (len(seeds) == len(run_dirs) == len(points)) or not seeds:
+    raise ValueError("give one run directory and one point per seed")
+  if len({(seed, tuple(sorted(p.items()))) for seed, p in zip(seeds, points)}) != len(seeds):
+    raise ConfigError("seeds", "a (seed, grid point) appears twice")
+  if len({tuple(sorted(p)) for p in points}) != 1:
+    raise ValueError("every point must name the same fields")
   env, parts, mesh, plan, threshold = device_setup(exp, agent_cfg, chunk_steps)
   cores = []
-  for seed, run_dir in zip(seeds, run_dirs):
+  for seed, run_dir, point in zip(seeds, run_dirs, points):
     resume = run_dir if exp.resume else ""
-    cores.append(RunCore(dataclasses.replace(exp, seed=seed, run_dir=run_dir, resume=resume), agent_cfg, threshold))
+    cores.append(RunCore(dataclasses.replace(exp, seed=seed, run_dir=run_dir, resume=resume),
+                         dataclasses.replace(agent_cfg, **point), threshold))
     cores[-1].start_clock(at=start)
-  sweep = VmappedSeeds(exp, agent_cfg, env, parts, plan, mesh, cores)
-  for core, view in zip(cores, sweep.views):
-    core.open(view.env_steps, f"{exp.agent} {exp.env} s{core.exp.seed}")
+  sweep = VmappedRuns(exp, agent_cfg, env, parts, plan, mesh, cores, points)
+  for core, view, point in zip(cores, sweep.views, points):
+    label = "".join(f" {k}={v:g}" for k, v in point.items())
+    core.open(view.env_steps, f"{exp.agent} {exp.env} s{core.exp.seed}{label}")
   setup_seconds = time.monotonic() - start
   try:
     while sweep.env_steps < exp.steps:
@@ -123,17 +209,20 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
       core.close(view)
   clock.active = False
   summaries = []
-  for core, view, final_params in zip(cores, sweep.views, finals):
+  for core, view, final_params, point in zip(cores, sweep.views, finals, points):
     wall = core.elapsed()
-    # Each seed's report charges it the sweep's whole compile and loop (they are shared).
-    view.compile_seconds = sweep.compiled.seconds
+    # Each run's report charges it the sweep's whole compile and loop (they are shared).
+    view.compile_seconds = sweep.compile_seconds
     result, report_fields = write_run_report(core.run_dir, core.exp, view, wall)
-    details = {"num_envs": plan.num_envs, "chunk_steps": plan.chunk_steps, "vmapped_seeds": list(seeds),
-               "compile_seconds": round(sweep.compiled.seconds, 3), "jax_compile_seconds": round(clock.seconds, 3),
-               "setup_seconds": round(setup_seconds, 3), "loop_seconds": round(view.loop_seconds, 3),
-               "eval_seconds": round(view.eval_seconds, 3), "compilation_cache": cache_dir}
+    details = {"num_envs": plan.num_envs, "chunk_steps": plan.chunk_steps, "vmapped_runs": len(seeds),
+               "grid_point": point, "compile_seconds": round(sweep.compile_seconds, 3),
+               "jax_compile_seconds": round(clock.seconds, 3), "setup_seconds": round(setup_seconds, 3),
+               "loop_seconds": round(view.loop_seconds, 3), "eval_seconds": round(view.eval_seconds, 3),
+               "compilation_cache": cache_dir}
+    label = ", ".join(f"{k}={v:g}" for k, v in point.items())
     summaries.append(core.finish(
         view, final_params, wall, result, report_fields, kind="device", replay="device",
         learner_devices=mesh.devices.size, learner_processes=1, details=details,
-        plot_title=f"{exp.agent} on {exp.env}, seed {core.exp.seed} (device, {len(seeds)} seeds vmapped)"))
+        plot_title=f"{exp.agent} on {exp.env}, seed {core.exp.seed}{' (' + label + ')' if label else ''} "
+                   f"(device, {len(seeds)} runs vmapped)"))
   return summaries

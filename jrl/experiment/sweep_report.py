@@ -86,9 +86,15 @@ def parse_seeds(text: str) -> List[int]:
   return seeds
 
 
-def run_dir_name(agent: str, env: str, seed: int) -> str:
-  """A sweep's folder for one seed: `<agent>-<env>-s<seed>`, made path-safe (`files.path_safe`)."""
-  return path_safe(f"{agent}-{env}-s{seed}")
+def run_dir_name(agent: str, env: str, seed: int, point: Optional[Dict[str, float]] = None) -> str:
+  """A sweep's folder for one seed (and grid point): `<agent>-<env>-s<seed>`, or
+  `<agent>-<env>-<field>=<value>...-s<seed>`, made path-safe (`files.path_safe`)."""
+  return path_safe(f"{agent}-{env}-{point_label(point, '-')}-s{seed}" if point else f"{agent}-{env}-s{seed}")
+
+
+def point_label(point: Optional[Dict[str, float]], sep: str = " ") -> str:
+  """A grid point as text: `learning_rate=0.001 discount=0.99`."""
+  return sep.join(f"{k}={v:g}" for k, v in (point or {}).items())
 
 
 def group_runs(runs: Sequence[Run]) -> Dict[Group, List[Run]]:
@@ -516,8 +522,9 @@ def _read_eval_curve(run_dir: str) -> Tuple[np.ndarray, np.ndarray]:
   return np.asarray(steps, np.int64)[order], np.asarray(returns, np.float64)[order]
 
 
-def load_run(run_dir: str, error: str = "") -> Run:
-  """A run directory (config.json; summary.json once finished; metrics/evaluator.csv)."""
+def load_run(run_dir: str, error: str = "", point: Optional[Dict[str, float]] = None) -> Run:
+  """A run directory (config.json; summary.json once finished; metrics/evaluator.csv). A run of a
+  grid `point` is labelled `<agent> <point>`, so each grid point is a group of the report."""
   config = _read_json(os.path.join(run_dir, "config.json"))
   if config is None:
     raise ConfigError("run_dir", f"'{run_dir}' is not a run directory (no readable config.json)")
@@ -526,7 +533,8 @@ def load_run(run_dir: str, error: str = "") -> Run:
   steps, returns = _read_eval_curve(run_dir)
   complete = summary is not None and summary.get("eval_return") is not None
   s = summary or {}
-  return Run(run_dir=run_dir, agent=str(s.get("agent", exp.get("agent"))), env=str(s.get("env", exp.get("env"))),
+  agent = str(s.get("agent", exp.get("agent"))) + (f" {point_label(point)}" if point else "")
+  return Run(run_dir=run_dir, agent=agent, env=str(s.get("env", exp.get("env"))),
              seed=int(s.get("seed", exp.get("seed", 0))), complete=complete,
              final_return=s.get("eval_return"), best_return=s.get("best_eval_return"),
              threshold=s.get("reward_threshold", exp.get("reward_threshold")),
@@ -558,11 +566,12 @@ def load_runs(paths: Sequence[str]) -> List[Run]:
       run_dir = os.path.join(path, entry["run_dir"])
       seen.add(os.path.normpath(run_dir))
       error = "" if entry.get("status") == "ok" else entry.get("error", "")
+      point = entry.get("point")
       if os.path.isfile(os.path.join(run_dir, "config.json")):
-        runs.append(load_run(run_dir, error))
+        runs.append(load_run(run_dir, error, point))
       else:
-        runs.append(_failed_run(run_dir, sweep.get("agent", "?"), sweep.get("env", "?"), int(entry["seed"]),
-                                error or "no run directory"))
+        agent = sweep.get("agent", "?") + (f" {point_label(point)}" if point else "")
+        runs.append(_failed_run(run_dir, agent, sweep.get("env", "?"), int(entry["seed"]), error or "no run directory"))
     found = False
     for name in sorted(os.listdir(path)):
       run_dir = os.path.join(path, name)
