@@ -97,7 +97,11 @@ def parse_args(argv: Sequence[str]):
       check_grid(exp, agent_cfg, grid)
     args.points = grid_points(grid) if grid else [None]
     args.runs = [(seed, point) for point in args.points for seed in args.seed_list]
-    args.reused = finished_earlier(args.run_dir, exp, agent_cfg, args.runs)
+    args.continued = []
+    args.reused = finished_earlier(args.run_dir, exp, agent_cfg, args.runs, args.continued if args.vmapped else None)
+    if args.continued and len(args.continued) != len(args.runs) - len(args.reused):
+      raise ConfigError("run_dir", f"some unfinished runs in '{args.run_dir}' have a checkpoint and some do not; "
+                                   "a vmapped sweep continues all of them or none (remove the others)")
     if args.vmapped and args.parallel != 1:
       raise ConfigError("parallel", "--backend device runs every seed in one vmapped program; "
                                     "add --one_by_one to run them as processes")
@@ -153,10 +157,13 @@ def parse_grid(specs: Sequence[str]) -> Dict[str, List[float]]:
   return grid
 
 
-def finished_earlier(sweep_dir: str, exp, agent_cfg, runs: Sequence[tuple]) -> List[tuple]:
+def finished_earlier(sweep_dir: str, exp, agent_cfg, runs: Sequence[tuple],
+                     continued: Optional[List[tuple]] = None) -> List[tuple]:
   """The (seed, grid point) runs whose run directory already holds a finished run with this
-  sweep's settings: they are reused, so a sweep can be extended (0-2, then 0-4). Any other run
-  already there is a ConfigError naming it (launch.train would refuse it)."""
+  sweep's settings: they are reused, so a sweep can be extended (0-2, then 0-4). With `continued`
+  (a vmapped sweep) the runs with this sweep's settings that stopped after a checkpoint are added
+  to it: the sweep continues them. Any other run already there is a ConfigError naming it
+  (launch.train would refuse it)."""
   from jrl.errors import ConfigError
   from jrl.experiment.files import check_run_dir_target, config_payload
   from jrl.experiment.sweep_report import run_dir_name
@@ -179,6 +186,9 @@ def finished_earlier(sweep_dir: str, exp, agent_cfg, runs: Sequence[tuple]) -> L
                                         dataclasses.replace(agent_cfg, **(point or {}))))
     if saved == wanted and os.path.isfile(os.path.join(run_dir, "summary.json")):
       reused.append((seed, point))
+      continue
+    if saved == wanted and continued is not None:
+      continued.append((seed, point))
       continue
     state = "with other settings" if saved != wanted else "that did not finish"
     raise ConfigError("run_dir", f"'{run_dir}' already holds a run {state}; remove it, pick another --run_dir, "
@@ -276,8 +286,12 @@ def run_vmapped(args, jobs: Sequence[Job], on_done) -> None:
   from jrl.device.sweep import run_device_sweep
   print(f"[sweep] seeds {', '.join(str(j.seed) for j in jobs)}: one vmapped device program", flush=True)
   started = time.monotonic()
+  exp = args.exp
+  if args.continued:  # every run left unfinished has a checkpoint: the one program continues them all
+    print(f"[sweep] {len(args.continued)} runs continue from their checkpoints", flush=True)
+    exp = dataclasses.replace(exp, resume="checkpoints")
   try:
-    run_device_sweep(args.exp, args.agent_cfg, [j.seed for j in jobs],
+    run_device_sweep(exp, args.agent_cfg, [j.seed for j in jobs],
                      [os.path.join(args.run_dir, j.name) for j in jobs], points=[j.point or {} for j in jobs])
     code, error = 0, ""
   except Exception as e:  # noqa: BLE001 - every seed of the program failed with it; the record says why
