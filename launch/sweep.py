@@ -88,6 +88,12 @@ def parse_args(argv: Sequence[str]):
       raise ConfigError("run_dir", f"'{args.run_dir}' is a run, not a sweep folder")
     exp, agent_cfg = check_train_flags(args.agent, args.env, args.seed_list[0], train_argv)
     args.vmapped = exp.backend == "device" and not args.one_by_one
+    if args.vmapped and args.parallel != 1:
+      raise ConfigError("parallel", "--backend device runs every seed in one vmapped program; "
+                                    "add --one_by_one to run them as processes")
+    if args.vmapped:
+      from jrl.gymnax_envs import GymnaxVecEnv
+      GymnaxVecEnv(exp.env)  # ConfigError for an id gymnax does not have, before anything is written
     grid = parse_grid(args.grid)
     if grid and not args.vmapped:
       raise ConfigError("grid", "sweeps hyperparameters inside one vmapped device program: needs --backend device "
@@ -102,12 +108,6 @@ def parse_args(argv: Sequence[str]):
     if args.continued and len(args.continued) != len(args.runs) - len(args.reused):
       raise ConfigError("run_dir", f"some unfinished runs in '{args.run_dir}' have a checkpoint and some do not; "
                                    "a vmapped sweep continues all of them or none (remove the others)")
-    if args.vmapped and args.parallel != 1:
-      raise ConfigError("parallel", "--backend device runs every seed in one vmapped program; "
-                                    "add --one_by_one to run them as processes")
-    if args.vmapped:
-      from jrl.gymnax_envs import GymnaxVecEnv
-      GymnaxVecEnv(exp.env)  # ConfigError for an id gymnax does not have, before anything is written
     args.exp, args.agent_cfg = exp, agent_cfg
   except ConfigError as e:
     fail(PROG, e)
@@ -197,15 +197,15 @@ def finished_earlier(sweep_dir: str, exp, agent_cfg, runs: Sequence[tuple],
 
 
 def plan(agent: str, env: str, runs: Sequence[tuple], sweep_dir: str, train_argv: Sequence[str]) -> List[Job]:
-  """One job per (seed, grid point); a point's fields are flags of its launch.train command."""
+  """One job per (seed, grid point). A grid point's runs exist only in a vmapped sweep, which runs
+  its jobs in this process (`run_vmapped`), not their commands."""
   from jrl.experiment.sweep_report import run_dir_name
   jobs = []
   for seed, point in runs:
     name = run_dir_name(agent, env, seed, point)
-    point_flags = [word for k, v in (point or {}).items() for word in (f"--{k}", repr(v))]
     jobs.append(Job(seed, name, [sys.executable, "-m", "launch.train", "--agent", agent, "--env", env,
-                                 "--seed", str(seed), "--run_dir", os.path.join(sweep_dir, name), *train_argv,
-                                 *point_flags], point))
+                                 "--seed", str(seed), "--run_dir", os.path.join(sweep_dir, name), *train_argv],
+                    point))
   return jobs
 
 

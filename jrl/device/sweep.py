@@ -32,6 +32,7 @@ from jrl.device.runner import (CompileClock, SeedHost, calls_due_in_chunk, carry
 from jrl.errors import ConfigError
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.run_core import RunCore
+from jrl.experiment.sweep_report import point_label
 from jrl.gymnax_envs import GymnaxVecEnv
 from jrl.learners import sharding
 
@@ -49,10 +50,9 @@ def check_grid(exp: ExperimentConfig, agent_cfg, grid: Mapping[str, Sequence[flo
   """ConfigError naming the first grid field the vmapped loop cannot take as a traced value: not a
   numeric field of the agent's config, one that changes the networks or the replay layout (array
   shapes, the learner-call schedule), or one the agent uses in Python control flow."""
-  fields = {f.name: f for f in dataclasses.fields(agent_cfg)}
+  fields = {f.name for f in dataclasses.fields(agent_cfg)}
   for name, values in grid.items():
-    field = fields.get(name)
-    if field is None:
+    if name not in fields:
       raise ConfigError("grid", f"'{name}' is not a field of the {exp.agent} config")
     if not isinstance(getattr(agent_cfg, name), (int, float)) or isinstance(getattr(agent_cfg, name), bool):
       raise ConfigError("grid", f"'{name}' is not a number; a grid takes numeric fields that change no array shape")
@@ -195,7 +195,7 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
     cores[-1].start_clock(at=start)
   sweep = VmappedRuns(exp, agent_cfg, env, parts, plan, mesh, cores, points)
   for core, view, point in zip(cores, sweep.views, points):
-    label = "".join(f" {k}={v:g}" for k, v in point.items())
+    label = f" {point_label(point)}" if point else ""
     core.open(view.env_steps, f"{exp.agent} {exp.env} s{core.exp.seed}{label}")
   setup_seconds = time.monotonic() - start
   try:
@@ -219,7 +219,7 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
                "jax_compile_seconds": round(clock.seconds, 3), "setup_seconds": round(setup_seconds, 3),
                "loop_seconds": round(view.loop_seconds, 3), "eval_seconds": round(view.eval_seconds, 3),
                "compilation_cache": cache_dir}
-    label = ", ".join(f"{k}={v:g}" for k, v in point.items())
+    label = point_label(point, ", ")
     summaries.append(core.finish(
         view, final_params, wall, result, report_fields, kind="device", replay="device",
         learner_devices=mesh.devices.size, learner_processes=1, details=details,
