@@ -48,6 +48,14 @@ def split_preset(env_id: str) -> Tuple[str, Optional[str]]:
   return base, None
 
 
+def frame_stack(env_id) -> int:
+  """Frames stacked on the last axis of the env's observations by its preset (`atari`: 4), else 0:
+  replay then stores each frame once (`jrl.replay.spec.ReplaySpec.frame_stack`)."""
+  if not isinstance(env_id, str):
+    return 0
+  return FRAME_STACK if split_preset(env_id)[1] == "atari" else 0
+
+
 def register(env_id: str) -> None:
   """Registers ALE's or MinAtar's gymnasium ids when `env_id` is one of them (idempotent)."""
   if env_id.startswith("ALE/"):

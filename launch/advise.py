@@ -427,6 +427,9 @@ def measure(agent_name: str, env_id: str, cfg, seconds: float = 0.5, env_sizes: 
     from jrl.replay.batches import items_per_fetch
 
     parts = build_agent_parts(agent_name, env_id, cfg)
+    # One actor writes to each replay in turn, so replay keeps whole stacks (a frame-sharing writer
+    # would have to see every frame its rows name).
+    parts = parts._replace(replay_spec=dataclasses.replace(parts.replay_spec, frame_stack=0))
     spec = parts.replay_spec
     learner_fns = parts.agent.make_learner(parts.networks, cfg)
     params = learner_fns.params(learner_fns.init(jax.random.PRNGKey(0)))
@@ -469,7 +472,7 @@ def measure(agent_name: str, env_id: str, cfg, seconds: float = 0.5, env_sizes: 
       sinks = [make_block_writer(spec, r.writer) for r in replays]
       sink = sinks[:1]  # the one the actor writes to now
       actor = Actor(env, LocalPolicy(policy_fns, VariableClient(Source()), jax.random.PRNGKey(1)),
-                    adder=spec.kind.make_adder(n), sink=lambda rows: sink[0].add(rows), timer=timer)
+                    adder=spec.make_adder(n), sink=lambda rows: sink[0].add(rows), timer=timer)
       figures = []
       for blocks, replay in zip(sinks, replays):
         sink[0] = blocks

@@ -125,7 +125,7 @@ def reverb_checkpointer(run_dir: str, restore_from: Optional[str]):
 def make_replay_tables(exp: ExperimentConfig, agent_cfg):
   parts = build_agent_parts(exp.agent, exp.env, agent_cfg)
   spec = parts.replay_spec
-  signature = reverb_replay.item_signature(example_item(parts, agent_cfg))
+  signature = reverb_replay.item_signature(example_item(parts, agent_cfg), spec.frame_stack)
   # Leeway for actors and learner running at their own pace: a few learner calls' worth.
   error_buffer = 10 * items_per_fetch(spec, spec.kind.updates_per_call(exp.updates_per_call), agent_cfg.batch_size)
   return [reverb_replay.make_table(spec, signature, error_buffer)]
@@ -501,7 +501,8 @@ class ActorNode:
       infer = ServiceCall(self._inference, "infer", f"inference server inference/{server_id} "
                           f"({self._inference.address})", exp.service_deadline_seconds, lp.stop_event())
       policy = InferenceClient(infer, self._id // exp.num_inference_servers, timer=timer)
-    writer = TimedItemWriter(self._replay, stop=lp.stop_event(), deadline_s=exp.service_deadline_seconds, log=log)
+    writer = TimedItemWriter(self._replay, stop=lp.stop_event(), deadline_s=exp.service_deadline_seconds, log=log,
+                             **reverb_replay.frame_options(parts.replay_spec, exp.num_envs))
     writer.timer = timer
     blocks = make_block_writer(parts.replay_spec, writer)
     actor = make_actor(exp, parts, cfg, policy, seed, blocks.add, timer, dispatch_ahead=ahead)

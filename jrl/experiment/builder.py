@@ -1,5 +1,6 @@
 """The agent's pieces for an experiment, shared by the embedded runner and distributed nodes."""
 
+import dataclasses
 import functools
 from typing import Any, Dict, NamedTuple, Optional, Tuple
 
@@ -7,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jrl import cpu_jit, envs, seeding
+from jrl import cpu_jit, envs, pixel_envs, seeding
 from jrl.agents import get_agent
 from jrl.networks import example_observation
 from jrl.replay.adders import RewardClipAdder  # noqa: F401 - checkpoints pickled actors' adders under this name
@@ -41,7 +42,11 @@ def build_agent_parts(agent_name: str, env_id: str, agent_cfg, env_spec: Optiona
   if env_spec is None:
     env_spec = env_spec_of(env_id)
   networks = agent.make_networks(env_spec, agent_cfg)
-  return AgentParts(agent, env_spec, networks, agent.make_replay_spec(agent_cfg))
+  replay_spec = agent.make_replay_spec(agent_cfg)
+  stack = pixel_envs.frame_stack(env_id)
+  if stack and env_spec.observation_shape[-1:] == (stack,):  # stacked frames: replay stores each once
+    replay_spec = dataclasses.replace(replay_spec, frame_stack=stack)
+  return AgentParts(agent, env_spec, networks, replay_spec)
 
 
 def build_acting_parts(agent_name: str, env_id: str, agent_cfg) -> Tuple[AgentParts, bool]:
@@ -101,11 +106,11 @@ def make_actor(exp, parts: AgentParts, agent_cfg, policy: Any, seed: int, sink, 
       policy = LocalPolicy(policy_fns, variables, key, num_envs=exp.num_envs, timer=policy_timer)
   if groups == 1:
     return Actor(envs.make_vector_env(exp.env, exp.num_envs, seed), policy,
-                 adder=parts.replay_spec.kind.make_adder(exp.num_envs), sink=sink, timer=timer,
+                 adder=parts.replay_spec.make_adder(exp.num_envs), sink=sink, timer=timer,
                  dispatch_ahead=dispatch_ahead)
   size = exp.num_envs // groups
   return GroupedActor([envs.make_vector_env(exp.env, size, seed + g * size) for g in range(groups)], policy,
-                      [parts.replay_spec.kind.make_adder(size) for _ in range(groups)], sink=sink,
+                      [parts.replay_spec.make_adder(size, g, groups) for g in range(groups)], sink=sink,
                       timer=timer, dispatch_ahead=dispatch_ahead)
 
 

@@ -104,7 +104,7 @@ def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: 
   from jrl.replay import reverb_replay  # the only path that loads reverb and TensorFlow
 
   example = example_item(parts, agent_cfg)
-  signature = reverb_replay.item_signature(example)
+  signature = reverb_replay.item_signature(example, spec.frame_stack)
   # Leeway for the batches prepared ahead plus the samples the dataset keeps in flight.
   error_buffer = (exp.prefetch + 4) * num_items
   # Reverb writes its checkpoints here; each is then moved into the run's checkpoint.
@@ -115,7 +115,7 @@ def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: 
                                       checkpoint_dir=scratch, restore_from=fallback)
   address = f"localhost:{server.port}"
   client = reverb_replay.reverb.Client(address)
-  writer = reverb_replay.ReverbItemWriter(client)
+  writer = reverb_replay.ReverbItemWriter(client, **reverb_replay.frame_options(spec, exp.num_envs))
   batches = reverb_batches(address, parts, agent_cfg, exp, batch_size, mesh, timer=timer)
 
   def save(folder: str) -> None:

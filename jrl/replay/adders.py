@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Protocol
 import jax
 import numpy as np
 
+from jrl.replay.frames import FramedRows
 from jrl.types import Trajectory, Transition
 
 
@@ -162,6 +163,9 @@ class SequenceAdder:
 
 
 class ItemWriter(Protocol):
+  """Where items go: the seeded buffer, or Reverb. With frame sharing (`ReplaySpec.frame_stack`)
+  also `add_frames(ids, frames)`: the frames rows will name (`jrl.replay.frames`)."""
+
   def insert(self, block: Any, priority: float) -> None:
     ...
 
@@ -180,6 +184,10 @@ class BlockWriter:
     self.transitions_written = 0  # rows written
 
   def add(self, rows: Any) -> None:
+    if type(rows) is FramedRows:  # frames first, so that the writer has them before any item names them
+      if len(rows.frame_ids):
+        self._writer.add_frames(rows.frame_ids, rows.frames)
+      rows = rows.rows
     n = _num_rows(rows)
     if n == 0:
       return

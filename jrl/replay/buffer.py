@@ -3,7 +3,8 @@
 Reverb's samplers cannot be seeded, so `--deterministic` runs use this buffer:
 same seed, same samples, same bytes. Items are blocks of transitions, evicted
 first-in first-out; sampling is uniform or prioritized (p_i^alpha / sum p^alpha),
-as Reverb's Uniform and Prioritized samplers do.
+as Reverb's Uniform and Prioritized samplers do. With `spec.frame_stack` the observations'
+frames are held once each in a `jrl.replay.frames.FrameStore` and the stacks rebuilt as sampled.
 """
 
 from typing import Any, Dict, Optional
@@ -11,6 +12,7 @@ from typing import Any, Dict, Optional
 import jax
 import numpy as np
 
+from jrl.replay import frames
 from jrl.replay.batches import SampledItems
 from jrl.replay.spec import ReplaySpec
 
@@ -29,6 +31,7 @@ class SeededReplayBuffer:
     self._priorities = np.zeros(self._capacity, np.float64)
     self._inserted = 0
     self._consumed = 0  # queue mode: items sampled (and so removed)
+    self._frames = frames.FrameStore(spec.frame_capacity()) if spec.frame_stack else None
 
   @property
   def size(self) -> int:
@@ -38,7 +41,14 @@ class SeededReplayBuffer:
   def items_inserted(self) -> int:
     return self._inserted
 
+  def add_frames(self, ids: np.ndarray, frames_: np.ndarray) -> None:
+    """Frames first seen by a frame-sharing adder, before the items that reference them."""
+    self._frames.add(ids, frames_)
+
   def insert(self, block: Any, priority: float) -> None:
+    if self._frames is not None:  # frame ids -> the store's arrival numbers
+      block, numbers = frames.encode_item(block, self._frames)
+      self._frames.item_added(self._inserted, numbers)
     if self._storage is None:
       self._storage = jax.tree_util.tree_map(lambda x: np.zeros((self._capacity,) + x.shape, x.dtype), block)
     if self._queue and self._inserted - self._consumed >= self._capacity:
@@ -48,6 +58,8 @@ class SeededReplayBuffer:
       store[slot] = x
     self._priorities[slot] = priority
     self._inserted += 1
+    if self._frames is not None:
+      self._frames.items_before(self._consumed if self._queue else self._inserted - self._capacity)
 
   def sample(self, num_items: int) -> SampledItems:
     if self._queue:
@@ -64,8 +76,11 @@ class SeededReplayBuffer:
       slots = self._rng.integers(0, size, size=num_items)
       item_probs = np.full(num_items, 1.0 / size)
     keys = self._keys_of(slots)
+    return SampledItems(keys, item_probs, size, self._items(slots))
+
+  def _items(self, slots: np.ndarray) -> Any:
     data = jax.tree_util.tree_map(lambda store: store[slots], self._storage)
-    return SampledItems(keys, item_probs, size, data)
+    return frames.decode_items(data, self._frames) if self._frames is not None else data
 
   def _pop(self, num_items: int) -> SampledItems:
     available = self._inserted - self._consumed
@@ -73,7 +88,7 @@ class SeededReplayBuffer:
       raise RuntimeError(f"replay queue holds {available} items, {num_items} were asked for")
     keys = np.arange(self._consumed, self._consumed + num_items)
     self._consumed += num_items
-    data = jax.tree_util.tree_map(lambda store: store[keys % self._capacity], self._storage)
+    data = self._items(keys % self._capacity)
     return SampledItems(keys.astype(np.uint64), np.ones(num_items), available, data)
 
   def state(self) -> Dict[str, Any]:
@@ -81,6 +96,9 @@ class SeededReplayBuffer:
     return {k: v for k, v in vars(self).items() if k not in ("_spec", "_queue")}
 
   def restore(self, state: Dict[str, Any]) -> None:
+    if (self._frames is None) != (state.get("_frames") is None):
+      raise ValueError("the saved replay and this run disagree on frame sharing (ReplaySpec.frame_stack): "
+                       "a checkpoint of an Atari run written before frame sharing cannot be resumed")
     vars(self).update(state)
 
   def update_priorities(self, priorities: Dict[int, float]) -> None:

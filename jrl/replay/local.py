@@ -68,7 +68,7 @@ class LocalReplay:
     self.batch_size = batch_size
     self._buffer = SeededReplayBuffer(spec, seed)
     self._rng = np.random.default_rng(seed + 1)  # deals sampled transitions into batches
-    self._adder: Any = spec.kind.make_adder(num_envs)
+    self._adder: Any = spec.make_adder(num_envs)
     self._writer = make_block_writer(spec, self._buffer)
     self.updates_sampled = 0
     self._last: Optional[PreparedBatch] = None

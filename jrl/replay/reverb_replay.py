@@ -3,6 +3,7 @@
 The only module of the core that imports reverb (and so TensorFlow).
 """
 
+import collections
 import threading
 import time
 from typing import Callable, Dict, Optional
@@ -18,6 +19,7 @@ import tree
 
 from jrl.errors import Stopped
 from jrl.outage import Outage, ServiceLost
+from jrl.replay import frames as frame_sharing
 from jrl.replay.batches import PrefetchIterator, PreparedBatch, items_per_fetch, make_assembler
 from jrl.replay.buffer import SampledItems
 from jrl.replay.spec import ReplaySpec
@@ -34,8 +36,11 @@ PROBE_TIMEOUT_S = 1  # whole seconds: reverb's server_info takes an int
 tf.config.set_visible_devices([], "GPU")  # TF only moves bytes here; keep GPUs for JAX.
 
 
-def item_signature(example_item) -> object:
-  """Table signature of items shaped like `example_item` (a whole item: block or sequence)."""
+def item_signature(example_item, frame_stack: int = 0) -> object:
+  """Table signature of items shaped like `example_item` (a whole item: block or sequence, as
+  the learner sees it); with `frame_stack` the frame-sharing layout (`frames.table_item`)."""
+  if frame_stack:
+    example_item = frame_sharing.table_item(example_item, frame_stack)
   return tree.map_structure(lambda x: tf.TensorSpec(np.shape(x), tf.as_dtype(np.asarray(x).dtype)), example_item)
 
 
@@ -82,6 +87,13 @@ def start_server(tables, port: Optional[int] = None, checkpoint_dir: Optional[st
   return reverb.Server(tables=list(tables), port=port, checkpointer=checkpointer)
 
 
+def frame_options(spec: ReplaySpec, num_envs: int) -> Dict[str, int]:
+  """`ReverbItemWriter`'s frame-sharing arguments for the spec and an actor of `num_envs` envs."""
+  if not spec.frame_stack:
+    return {}
+  return {"frame_stack": spec.frame_stack, "frames_in_flight": spec.frames_in_flight(num_envs)}
+
+
 class ReverbItemWriter:
   """Writes one item per block of transitions (one append, one create_item).
 
@@ -100,9 +112,23 @@ class ReverbItemWriter:
 
   def __init__(self, client: reverb.Client, table: str = TABLE, max_in_flight_items: int = 8,
                stop: Optional[threading.Event] = None, deadline_s: float = INSERT_TIMEOUT_MS / 1000,
-               log: Callable[[str], None] = print):
+               log: Callable[[str], None] = print, frame_stack: int = 0, frames_in_flight: int = 0):
     self._client = client
-    self._writer = client.trajectory_writer(num_keep_alive_refs=1)
+    self._frame_stack = frame_stack
+    if frame_stack:
+      # Frames are steps of column 0, each its own chunk; items reference any of the last
+      # `frames_in_flight` (the writer keeps them alive), the item's own columns the step just appended.
+      keep = max(1, frames_in_flight)
+      self._writer = reverb.trajectory_writer.TrajectoryWriter(client._client.NewTrajectoryWriter(
+          reverb.pybind.ConstantChunkerOptions(max_chunk_length=1, num_keep_alive_refs=keep), True))
+      self._frame_refs: Dict[int, object] = {}
+      self._frame_order: "collections.deque" = collections.deque()
+      self._keep = keep
+      self._first_frame: Optional[int] = None  # the first frame id this writer got
+      self._log = log
+    else:
+      self._writer = client.trajectory_writer(num_keep_alive_refs=1)
+    self.items_dropped = 0  # items naming frames from before this writer (see _insert_framed)
     self._columns = self._writer._writer  # the C++ writer behind the wrapper (see the class docstring)
     self._stop = stop
     self._table = table
@@ -112,11 +138,49 @@ class ReverbItemWriter:
     self.items_inserted = 0
 
   def insert(self, block, priority: float) -> None:
-    # Columns in tree order, as the table's signature; each item column is that one step, squeezed.
-    refs = self._columns.Append(tree.flatten(block))
-    self._columns.CreateItem(self._table, priority, [[ref] for ref in refs], [True] * len(refs))
+    if self._frame_stack:
+      if not self._insert_framed(block, priority):
+        return
+    else:
+      # Columns in tree order, as the table's signature; each item column is that one step, squeezed.
+      refs = self._columns.Append(tree.flatten(block))
+      self._columns.CreateItem(self._table, priority, [[ref] for ref in refs], [True] * len(refs))
     self._flush(self._max_in_flight)
     self.items_inserted += 1
+
+  def add_frames(self, ids: np.ndarray, frames: np.ndarray) -> None:
+    """Frames first seen by a frame-sharing adder: a step of column 0 each."""
+    if self._first_frame is None:
+      self._first_frame = int(ids[0])
+    for frame_id, frame in zip(ids.tolist(), frames):
+      self._frame_refs[frame_id] = self._columns.Append([frame])[0]
+      self._frame_order.append(frame_id)
+    while len(self._frame_order) > self._keep:  # the writer no longer keeps these alive
+      del self._frame_refs[self._frame_order.popleft()]
+
+  def _insert_framed(self, block, priority: float) -> bool:
+    """An item in the layout of `frames.table_item`: its frame fields as references to the frame
+    steps, in order, then its other fields from one step of their own. An item that names a frame
+    from before this writer (a resumed or restarted actor's rows in flight at its checkpoint, and
+    those of the next few steps, whose stacks still hold older frames) is dropped: False."""
+    frame_columns = []
+    for field in frame_sharing.FRAME_FIELDS:
+      try:
+        frame_columns.append([self._frame_refs[i] for i in np.asarray(getattr(block, field)).ravel().tolist()])
+      except KeyError as e:
+        if self._first_frame is None or e.args[0] < self._first_frame:
+          if not self.items_dropped:
+            self._log("replay writer: dropping the items that name frames from before this writer (rows in "
+                      "flight at the checkpoint it continues from)")
+          self.items_dropped += 1
+          return False
+        raise RuntimeError(f"frame {e.args[0]} is older than the {self._keep} frames the writer keeps alive "
+                           "(ReplaySpec.frames_in_flight is too small for this item kind)") from e
+    rest = block._replace(**{f: () for f in frame_sharing.FRAME_FIELDS})
+    refs = self._columns.Append([None] + tree.flatten(rest))[1:]
+    self._columns.CreateItem(self._table, priority, frame_columns + [[ref] for ref in refs],
+                             [False] * len(frame_columns) + [True] * len(refs))
+    return True
 
   def _flush(self, max_in_flight: int) -> None:
     """Waits (in short slices, so that a stop request is seen) until at most
@@ -172,8 +236,11 @@ class ReverbItemSampler:
   their last step.
   """
 
-  def __init__(self, server_address: str, num_items: int, structure, table: str = TABLE):
-    self._structure = structure  # an example item: samples come back in its pytree structure
+  def __init__(self, server_address: str, num_items: int, structure, table: str = TABLE, frame_stack: int = 0):
+    # An example item: samples come back in its pytree structure (with `frame_stack`, from the
+    # frame-sharing table's layout).
+    self._frame_stack = frame_stack
+    self._structure = frame_sharing.table_item(structure, frame_stack) if frame_stack else structure
     dataset = reverb.TrajectoryDataset.from_table_signature(
         server_address=server_address, table=table,
         max_in_flight_samples_per_worker=max(2 * num_items, 16))
@@ -186,6 +253,8 @@ class ReverbItemSampler:
   def sample(self) -> SampledItems:
     sample = next(self._iterator)
     data = tree.unflatten_as(self._structure, tree.flatten(sample.data))
+    if self._frame_stack:
+      data = frame_sharing.from_table(data, self._frame_stack)
     return SampledItems(sample.info.key.astype(np.uint64), sample.info.probability.astype(np.float64),
                         int(sample.info.table_size.max()), data)
 
@@ -207,7 +276,8 @@ def prefetched_batches(address: str, spec: ReplaySpec, example_item, updates_per
   thread: sample the items of one learner call, deal them into batches (shuffled with `seed`),
   `place` them (e.g. sharded on the learner's mesh). `timer`, if given, is that thread's: it
   gets sample (the rate limiter's waits included), assemble, place and queue_wait."""
-  sampler = ReverbItemSampler(address, items_per_fetch(spec, updates_per_call, batch_size), example_item)
+  sampler = ReverbItemSampler(address, items_per_fetch(spec, updates_per_call, batch_size), example_item,
+                              frame_stack=spec.frame_stack)
   assemble_batch = make_assembler(spec, updates_per_call, batch_size, np.random.default_rng(seed))
   clock = timer if timer is not None else NULL_TIMER
 
