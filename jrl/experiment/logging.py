@@ -64,6 +64,8 @@ class TensorBoard:
           truncate(path, resume_from[name])
         else:  # written after the checkpoint
           os.unlink(path)
+    if continue_after is not None:
+      _wait_for_a_later_second(self.logdir)
     self._writer = EventFileWriter(self.logdir)
     self._known = dict(resume_from or {})
     self._flush_each = flush_each
@@ -87,6 +89,17 @@ class TensorBoard:
 
   def close(self) -> None:
     self._writer.close()
+
+
+def _wait_for_a_later_second(logdir: str) -> None:
+  """TensorBoard reads a folder's event files in name order, and a name starts with the second the
+  file was made, then the host, the process id and a counter as text (so within one second "10"
+  sorts before "9"): a writer that continues its predecessors starts in a later second than
+  theirs, so that its file comes after them."""
+  seconds = [int(name.split(".")[3]) for name in (os.listdir(logdir) if os.path.isdir(logdir) else [])
+             if name.startswith("events.out.tfevents.") and name.split(".")[3].isdigit()]
+  while seconds and int(time.time()) <= max(seconds):
+    time.sleep(0.05)
 
 
 class MetricsLogger:
