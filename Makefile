@@ -5,7 +5,7 @@ SEED ?= 0
 ENV ?= CartPole-v1
 AGENT ?= dqn
 
-.PHONY: setup setup-core train test test-all test-long test-core lint bench digests docs clean
+.PHONY: setup setup-core train test test-all test-long test-core lint bench digests reference docs clean
 
 setup:
 	@bash scripts/setup_venv.sh
@@ -52,6 +52,12 @@ bench: setup
 # The --deterministic and device parameter digests of every agent (compare before/after a redesign).
 digests: setup
 	$(PY) bench/digests.py --out digests.json
+
+# The reference table (bench/reference.py): DQN and PPO on four MinAtar games, 3 seeds, beside the
+# published values; per-run results into docs/results/, the page docs/results.md rebuilt from them.
+# AGENT=ppo or AGENT=dqn runs one agent's part; STEPS=5000000 / 10000000 the published budgets.
+reference: setup
+	$(PY) bench/reference.py --agent $(if $(filter file,$(origin AGENT)),all,$(AGENT)) --steps $(if $(filter file,$(origin STEPS)),1000000,$(STEPS))
 
 # The documentation site (docs/, mkdocs.yml) into build/site, with --strict.
 docs: setup

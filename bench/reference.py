@@ -1,0 +1,218 @@
+"""The reference table: DQN and PPO on four MinAtar games, three seeds each, beside published values.
+
+  make reference [AGENT=ppo|dqn|all] [STEPS=1000000]
+  .venv/bin/python bench/reference.py --agent ppo [--steps 1000000] [--games breakout,asterix] [--seeds 0-2]
+  .venv/bin/python bench/reference.py --table        # only rebuild docs/results.md from docs/results/*.json
+
+Each (agent, game) is one `python -m launch.sweep` (its rliable report lands in the sweep's
+folder under --run_dir). The agents run the way their published anchors were measured:
+
+- PPO: gymnax-blines' settings (an MLP of 256x2 on the flattened planes, 64 envs, 128 steps,
+  8 minibatches, 4 epochs, lr 5e-4, discount 0.999, GAE 0.95, entropy 0.01, gradient norm 0.5;
+  its learning-rate warm-up is not reproduced) on gymnax's MinAtar ports, through the device
+  backend with the three seeds in one vmapped program (gymnax-blines trained on those ports too).
+- DQN: the MinAtar paper's environment (the `minatar` package: sticky actions 0.1) through the
+  embedded runner, two seeds at a time (`--parallel 2`), with the settings of docs/agents/dqn.md
+  (MinAtar's small CNN, replay 100k, target period 1000, epsilon to 0.1 over 100k steps); the
+  paper trains every step on 32 samples (a sample/insert ratio of 32), this runs 8.
+
+Scores are greedy evaluations (`--eval_episodes 32` every `--eval_every` steps): the final one
+and the best over the run. The published values are read from the papers' learning curves at
+the same budget (they are curves' averages, not greedy evaluations: the comparison is indicative).
+Each finished agent's per-run rows go to docs/results/reference-<agent>.json (date, commit,
+machine, command), from which docs/results.md is rebuilt.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+RESULTS_DIR = os.path.join(ROOT, "docs", "results")
+RESULTS_PAGE = os.path.join(ROOT, "docs", "results.md")
+
+GAMES = {"breakout": "Breakout", "asterix": "Asterix", "freeway": "Freeway", "spaceinvaders": "SpaceInvaders"}
+
+# Published returns at a budget of env steps, read from each source's learning curves.
+PUBLISHED: Dict[str, Dict[str, Any]] = {
+    "dqn": {"source": "MinAtar paper's DQN (Young & Tian, 2019; 30 seeds, sticky actions 0.1), read from its curves",
+            "at": {1_000_000: {"breakout": 9, "asterix": 7, "freeway": 48, "spaceinvaders": 35},
+                   5_000_000: {"breakout": 10, "asterix": 17, "freeway": 50, "spaceinvaders": 43}}},
+    "ppo": {"source": "gymnax-blines' PPO (MLP 256x2, 64 envs), read from its curves",
+            "at": {1_000_000: {"breakout": 15, "asterix": 2, "freeway": 30, "spaceinvaders": 55},
+                   10_000_000: {"breakout": 28, "asterix": 15, "freeway": 58, "spaceinvaders": 131}}},
+}
+
+SETTINGS = {
+    "ppo": {"env": "gymnax:{name}-MinAtar", "parallel": 1,
+            "flags": ["--backend", "device", "--num_envs", "64", "--batch_size", "64", "--sequence_length", "128",
+                      "--num_minibatches", "8", "--num_epochs", "4", "--learning_rate", "5e-4", "--discount", "0.999",
+                      "--gae_lambda", "0.95", "--entropy_cost", "0.01", "--max_grad_norm", "0.5",
+                      "--hidden_sizes", "256,256", "--torso", "mlp"]},
+    "dqn": {"env": "MinAtar/{name}-v1", "parallel": 2,
+            "flags": ["--num_envs", "8", "--batch_size", "32", "--samples_per_insert", "8", "--updates_per_call", "8",
+                      "--learning_rate", "3e-4", "--min_replay_size", "5000", "--max_replay_size", "100000",
+                      "--epsilon_decay_steps", "100000", "--target_update_period", "1000"]},
+}
+
+
+def run_sweep(agent: str, game: str, args, run_root: str) -> Dict[str, Any]:
+  """One agent on one game over the seeds: the sweep's command, wall time and folder."""
+  settings = SETTINGS[agent]
+  env = settings["env"].format(name=GAMES[game])
+  folder = os.path.join(run_root, f"{agent}-{game}")
+  command = [sys.executable, "-m", "launch.sweep", "--agent", agent, "--env", env, "--seeds", args.seeds,
+             "--run_dir", folder, "--parallel", str(settings["parallel"]), "--steps", str(args.steps),
+             "--eval_every", str(args.eval_every), "--eval_episodes", "32", "--progress_seconds", "60",
+             *settings["flags"]]
+  print(f"[reference] {agent} on {env}: {' '.join(command[1:])}", flush=True)
+  start = time.monotonic()
+  done = subprocess.run(command, cwd=ROOT)
+  wall = time.monotonic() - start
+  if done.returncode != 0:
+    print(f"[reference] {agent} on {env}: the sweep exited {done.returncode}", flush=True)
+  return {"env": env, "folder": folder, "wall_seconds": round(wall, 1), "returncode": done.returncode,
+          "command": " ".join(["python"] + command[1:]).replace(run_root, "RUN_DIR")}
+
+
+def collect(agent: str, game: str, sweep: Dict[str, Any]) -> List[Dict[str, Any]]:
+  """Per-run rows of a finished sweep (seeds that failed are kept, with their error)."""
+  from jrl.experiment import sweep_report
+  rows = []
+  runs = sweep_report.load_runs([sweep["folder"]])
+  for run in runs:
+    rows.append({"agent": agent, "game": game, "env": sweep["env"], "seed": run.seed, "complete": run.complete,
+                 "final": run.final_return, "best": run.best_return, "env_steps": run.env_steps,
+                 "run_wall_seconds": run.wall_seconds, "sweep_wall_seconds": sweep["wall_seconds"],
+                 "runs_in_sweep": len(runs), "error": run.error})
+  return rows
+
+
+def machine() -> str:
+  try:
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+  except (ValueError, OSError):
+    mem = float("nan")
+  return f"{os.cpu_count()} CPU cores, {mem:.0f} GiB, no GPU ({platform.machine()})"
+
+
+def commit() -> str:
+  done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+  return done.stdout.strip() or "unknown"
+
+
+def write_results(agent: str, steps: int, rows: List[Dict[str, Any]], commands: List[str]) -> str:
+  os.makedirs(RESULTS_DIR, exist_ok=True)
+  path = os.path.join(RESULTS_DIR, f"reference-{agent}-{steps}.json")
+  record = {"agent": agent, "steps": steps, "date": datetime.date.today().isoformat(), "commit": commit(),
+            "machine": machine(), "settings": SETTINGS[agent], "commands": commands, "runs": rows}
+  with open(path, "w") as f:
+    json.dump(record, f, indent=1)
+  return path
+
+
+# ----------------------------------------------------------------------------- the table
+
+def _estimate(values: List[float]) -> str:
+  from jrl.experiment import sweep_report
+  import numpy as np
+  if not values:
+    return "-"
+  est = sweep_report.aggregates(np.asarray(values, np.float64)[:, None], reps=20_000)
+  point, low, high = est["mean"]
+  return f"{point:.1f} [{low:.1f}, {high:.1f}]"
+
+
+def render_table(records: List[Dict[str, Any]]) -> str:
+  """docs/results.md from the committed records: one table per (agent, budget)."""
+  lines = ["# Reference results", "",
+           "DQN and PPO on four MinAtar games, three seeds each, beside the published values at the same",
+           "budget. Rebuilt by `.venv/bin/python bench/reference.py --table` from the per-run records in",
+           "`docs/results/` (each written by `make reference AGENT=...`, whose docstring gives the settings).", "",
+           "Scores are greedy evaluations of 32 episodes: the final one and the best of the run; mean over",
+           "the seeds with a 95% bootstrap CI (rliable, 20,000 resamples; with three seeds the IQM is the",
+           "mean). The published values are read from the sources' learning curves, which average",
+           "training or test episodes rather than a greedy policy's: the comparison is indicative.",
+           "Wall times are the whole sweep's (start to exit, compilation included); a run's share of",
+           "the machine is that over the runs of the sweep (vmapped seeds share one program; DQN runs",
+           "two at a time, a core each).", ""]
+  for record in sorted(records, key=lambda r: (r["agent"], r["steps"])):
+    agent, steps = record["agent"], record["steps"]
+    published = PUBLISHED[agent]["at"].get(steps, {})
+    lines += [f"## {agent.upper()} at {steps:,} env steps", "",
+              f"Measured {record['date']} at commit `{record['commit']}` on {record['machine']}. "
+              f"Published: {PUBLISHED[agent]['source']}.", "",
+              "| game | env | seeds | final [95% CI] | best [95% CI] | published | final / published | "
+              "sweep wall s | machine s per run |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for game in GAMES:
+      rows = [r for r in record["runs"] if r["game"] == game]
+      if not rows:
+        continue
+      ok = [r for r in rows if r["complete"]]
+      finals = [r["final"] for r in ok]
+      bests = [r["best"] for r in ok]
+      ref = published.get(game)
+      ratio = f"{sum(finals) / len(finals) / ref:.2f}" if finals and ref else "-"
+      sweep_wall = rows[0]["sweep_wall_seconds"]
+      lines.append(f"| {GAMES[game]} | `{rows[0]['env']}` | {len(ok)}/{len(rows)} | {_estimate(finals)} | "
+                   f"{_estimate(bests)} | {ref if ref is not None else '-'} | {ratio} | {sweep_wall:.0f} | "
+                   f"{sweep_wall / len(rows):.0f} |")
+    lines += ["", "Commands (`RUN_DIR` the folder given to `bench/reference.py --run_dir`):", ""]
+    lines += [f"    {c}" for c in record["commands"]]
+    lines.append("")
+  missing = sorted(set(SETTINGS) - {r["agent"] for r in records})
+  for agent in missing:
+    lines += [f"## {agent.upper()}", "", f"Not recorded yet: `make reference AGENT={agent}` runs it (settings in "
+              "`bench/reference.py`).", ""]
+  return "\n".join(lines) + "\n"
+
+
+def rebuild_page() -> str:
+  records = []
+  if os.path.isdir(RESULTS_DIR):
+    for name in sorted(os.listdir(RESULTS_DIR)):
+      if name.startswith("reference-") and name.endswith(".json"):
+        with open(os.path.join(RESULTS_DIR, name)) as f:
+          records.append(json.load(f))
+  with open(RESULTS_PAGE, "w") as f:
+    f.write(render_table(records))
+  return RESULTS_PAGE
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--agent", default="all", choices=["all", *SETTINGS])
+  parser.add_argument("--steps", type=int, default=1_000_000)
+  parser.add_argument("--games", default=",".join(GAMES), help="comma-separated: " + ", ".join(GAMES))
+  parser.add_argument("--seeds", default="0-2")
+  parser.add_argument("--eval_every", type=int, default=50_000)
+  parser.add_argument("--run_dir", default=None, help="where the sweeps go (default runs/reference-<time>)")
+  parser.add_argument("--table", action="store_true", help="only rebuild docs/results.md from docs/results/")
+  args = parser.parse_args()
+  if not args.table:
+    games = [g.strip().lower() for g in args.games.split(",") if g.strip()]
+    unknown = [g for g in games if g not in GAMES]
+    if unknown:
+      parser.exit(2, f"reference.py: error: --games: unknown {', '.join(unknown)} (known: {', '.join(GAMES)})\n")
+    run_root = os.path.abspath(args.run_dir or os.path.join(
+        "runs", "reference-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")))
+    for agent in (list(SETTINGS) if args.agent == "all" else [args.agent]):
+      rows, commands = [], []
+      for game in games:
+        sweep = run_sweep(agent, game, args, run_root)
+        rows += collect(agent, game, sweep)
+        commands.append(sweep["command"])
+      print(f"[reference] {agent}: {write_results(agent, args.steps, rows, commands)}", flush=True)
+  print(f"[reference] {rebuild_page()}", flush=True)
+
+
+if __name__ == "__main__":
+  main()
