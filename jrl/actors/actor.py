@@ -142,6 +142,10 @@ class Actor:
   def close(self) -> None:
     self._env.close()
 
+  def replace_adder(self, adder) -> None:
+    """Continues with `adder` (fresh windows) in place of the current one."""
+    self._adder = adder
+
   def state(self) -> Dict[str, Any]:
     """Everything needed to continue exactly from here: observations, episode
     statistics, the adder's partial windows, the policy state and, where the

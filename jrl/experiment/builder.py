@@ -110,7 +110,7 @@ def make_actor(exp, parts: AgentParts, agent_cfg, policy: Any, seed: int, sink, 
                  dispatch_ahead=dispatch_ahead)
   size = exp.num_envs // groups
   return GroupedActor([envs.make_vector_env(exp.env, size, seed + g * size) for g in range(groups)], policy,
-                      [parts.replay_spec.make_adder(size, g, groups) for g in range(groups)], sink=sink,
+                      [parts.replay_spec.make_adder(size) for _ in range(groups)], sink=sink,
                       timer=timer, dispatch_ahead=dispatch_ahead)
 
 

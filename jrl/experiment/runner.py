@@ -105,8 +105,9 @@ def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: 
 
   example = example_item(parts, agent_cfg)
   signature = reverb_replay.item_signature(example, spec.frame_stack)
-  # Leeway for the batches prepared ahead plus the samples the dataset keeps in flight.
-  error_buffer = (exp.prefetch + 4) * num_items
+  # Leeway for the samples the prefetch takes ahead of the learner, and two calls more (a resumed
+  # run's sampler starts without those its predecessor took; its rate limiter counts them).
+  error_buffer = reverb_replay.samples_ahead(num_items, exp.prefetch) + 2 * num_items
   # Reverb writes its checkpoints here; each is then moved into the run's checkpoint.
   os.makedirs(os.path.join(run_dir, CHECKPOINTS_DIR), exist_ok=True)
   scratch = tempfile.mkdtemp(prefix=".reverb-", dir=os.path.join(run_dir, CHECKPOINTS_DIR))
@@ -202,6 +203,12 @@ class EmbeddedDriver:
       if not self.actor.restore(saved["actor"], reset_seed=reset_seed):
         print(f"[resume] {exp.env} envs cannot be saved; they restart with fresh episodes", flush=True)
       self.block_writer.restore(saved["block_writer"])
+      if self.replay.kind == "reverb" and self.spec.frame_stack:
+        # Rows in flight at the checkpoint name frames only the last session's writer held: they are
+        # dropped (no more than the rows the schedule holds back anyway) and the adders start afresh.
+        self.block_writer.drop_staged()
+        for group in getattr(self.actor, "groups", [self.actor]):
+          group.replace_adder(self.spec.make_adder(group.num_envs))
       self.evaluator.restore(saved["evaluator"])
       if self.replay.kind == "reverb":  # a queue's trajectories the sampler took but did not train on are gone
         self.lost_sequences += self.spec.kind.items_lost_on_resume(

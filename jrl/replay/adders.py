@@ -209,6 +209,10 @@ class BlockWriter:
     self._staged = [rest] if _num_rows(rest) else []
     self._num_staged -= used
 
+  def drop_staged(self) -> None:
+    """Forgets the rows waiting for a full block (they are not counted as written)."""
+    self._staged, self._num_staged = [], 0
+
   def state(self) -> Dict[str, Any]:
     return {"staged": self._staged, "num_staged": self._num_staged, "written": self.transitions_written}
 

@@ -7,7 +7,7 @@ once (as Dopamine's circular buffer and Acme's adders do) holds them in about 7 
 `ReplaySpec(frame_stack=K)` replay does so, and what the learner samples is byte-identical:
 
 - `FrameEncoder` follows each env's stream of stacks and names every frame by an id (int64,
-  numbered in the order frames are first seen): a stack equal to the env's last one keeps its
+  numbered in the order frames are first seen, from a random base: unique across encoders): a stack equal to the env's last one keeps its
   ids, a stack that shifts the last one by a frame (the next step) adds one, and any other (an
   episode's first stack, however the stacking wrapper padded it) gets an id per frame. Equality
   is checked on the bytes, so ids always rebuild the stack; a stack's ids increase from its
@@ -26,6 +26,7 @@ once (as Dopamine's circular buffer and Acme's adders do) holds them in about 7 
 """
 
 import collections
+import os
 import sys
 from typing import Any, Dict, NamedTuple, Optional, Tuple
 
@@ -79,23 +80,22 @@ def _same_and_shifted(stacks: np.ndarray, last: np.ndarray) -> Tuple[np.ndarray,
 
 
 class FrameEncoder:
-  """Frame ids of each env's stacks (see the module docstring). Ids of encoder `stream` of
-  `streams` (the env groups of one actor, which share a writer) are `n * streams + stream`,
-  so no two encoders of a writer give the same id."""
+  """Frame ids of each env's stacks (see the module docstring). An encoder numbers its frames from
+  a random 62-bit base of its own, so that ids are unique across encoders and sessions: the env
+  groups of one actor share a writer, and a resumed run's new encoder meets rows and frames of
+  the one before (ids name frames only; no sampled byte depends on them)."""
 
-  def __init__(self, stack: int, stream: int = 0, streams: int = 1):
+  def __init__(self, stack: int):
     if stack < 2:
       raise ValueError(f"frame sharing needs stacks of at least 2 frames, got {stack}")
-    if not 0 <= stream < streams:
-      raise ValueError(f"stream must be in [0, {streams}), got {stream}")
-    self.stack, self._stream, self._streams = stack, stream, streams
-    self._count = 0                        # ids given
+    self.stack = stack
+    self._next = int.from_bytes(os.urandom(8), "little") >> 2  # the next id
     self._last: Optional[np.ndarray] = None  # [E, ..., K] each env's last stack
     self._ids: Optional[np.ndarray] = None   # [E, K] its ids
 
   def _take(self, n: int) -> np.ndarray:
-    ids = (self._count + np.arange(n, dtype=np.int64)) * self._streams + self._stream
-    self._count += n
+    ids = self._next + np.arange(n, dtype=np.int64)
+    self._next += n
     return ids
 
   def encode(self, stacks: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -143,9 +143,9 @@ class FramedRows(NamedTuple):
 class FrameSharingAdder:
   """An item kind's adder whose rows name frames by id (see the module docstring)."""
 
-  def __init__(self, adder: Any, stack: int, stream: int = 0, streams: int = 1):
+  def __init__(self, adder: Any, stack: int):
     self.adder = adder
-    self.encoder = FrameEncoder(stack, stream, streams)
+    self.encoder = FrameEncoder(stack)
 
   def add(self, obs, action, reward, terminated, truncated, next_obs, extras=None) -> FramedRows:
     obs_ids, ids, frames = self.encoder.encode(obs)

@@ -124,7 +124,6 @@ class ReverbItemWriter:
       self._frame_refs: Dict[int, object] = {}
       self._frame_order: "collections.deque" = collections.deque()
       self._keep = keep
-      self._first_frame: Optional[int] = None  # the first frame id this writer got
       self._log = log
     else:
       self._writer = client.trajectory_writer(num_keep_alive_refs=1)
@@ -150,8 +149,6 @@ class ReverbItemWriter:
 
   def add_frames(self, ids: np.ndarray, frames: np.ndarray) -> None:
     """Frames first seen by a frame-sharing adder: a step of column 0 each."""
-    if self._first_frame is None:
-      self._first_frame = int(ids[0])
     for frame_id, frame in zip(ids.tolist(), frames):
       self._frame_refs[frame_id] = self._columns.Append([frame])[0]
       self._frame_order.append(frame_id)
@@ -161,21 +158,22 @@ class ReverbItemWriter:
   def _insert_framed(self, block, priority: float) -> bool:
     """An item in the layout of `frames.table_item`: its frame fields as references to the frame
     steps, in order, then its other fields from one step of their own. An item that names a frame
-    from before this writer (a resumed or restarted actor's rows in flight at its checkpoint, and
-    those of the next few steps, whose stacks still hold older frames) is dropped: False."""
+    this writer never had (a restarted actor's rows in flight when it stopped) is dropped: False;
+    more such items than the writer keeps frames alive for means the frames expired instead."""
     frame_columns = []
     for field in frame_sharing.FRAME_FIELDS:
       try:
         frame_columns.append([self._frame_refs[i] for i in np.asarray(getattr(block, field)).ravel().tolist()])
       except KeyError as e:
-        if self._first_frame is None or e.args[0] < self._first_frame:
-          if not self.items_dropped:
-            self._log("replay writer: dropping the items that name frames from before this writer (rows in "
-                      "flight at the checkpoint it continues from)")
-          self.items_dropped += 1
-          return False
-        raise RuntimeError(f"frame {e.args[0]} is older than the {self._keep} frames the writer keeps alive "
-                           "(ReplaySpec.frames_in_flight is too small for this item kind)") from e
+        self.items_dropped += 1
+        if self.items_dropped > self._keep:
+          raise RuntimeError(f"{self.items_dropped} items named frames this writer does not hold (frame "
+                             f"{e.args[0]}): older than the {self._keep} frames it keeps alive "
+                             "(ReplaySpec.frames_in_flight is too small for this item kind)") from e
+        if self.items_dropped == 1:
+          self._log("replay writer: dropping the items that name frames from before this writer (rows in "
+                    "flight when its actor stopped)")
+        return False
     rest = block._replace(**{f: () for f in frame_sharing.FRAME_FIELDS})
     refs = self._columns.Append([None] + tree.flatten(rest))[1:]
     self._columns.CreateItem(self._table, priority, frame_columns + [[ref] for ref in refs],
@@ -224,6 +222,19 @@ class ReverbItemWriter:
     self._writer.close()
 
 
+def samples_in_flight(num_items: int) -> int:
+  """Sample requests the sampler's dataset keeps in flight, for calls of `num_items` items."""
+  return max(2 * num_items, 16)
+
+
+def samples_ahead(num_items: int, depth: int) -> int:
+  """Items `prefetched_batches` can have sampled beyond the calls the learner has made: `depth`
+  prepared calls, the one being prepared, the dataset's batch and its requests in flight. A
+  table's error buffer needs room for them and a call more: a resumed run's sampler starts
+  without them, while the restored rate limiter counts them as sampled."""
+  return (depth + 2) * num_items + samples_in_flight(num_items)
+
+
 class ReverbItemSampler:
   """Samples a fixed number of items per call through a TrajectoryDataset.
 
@@ -243,7 +254,7 @@ class ReverbItemSampler:
     self._structure = frame_sharing.table_item(structure, frame_stack) if frame_stack else structure
     dataset = reverb.TrajectoryDataset.from_table_signature(
         server_address=server_address, table=table,
-        max_in_flight_samples_per_worker=max(2 * num_items, 16))
+        max_in_flight_samples_per_worker=samples_in_flight(num_items))
     dataset = dataset.batch(num_items, drop_remainder=True).prefetch(1)
     options = tf.data.Options()
     options.autotune.enabled = False

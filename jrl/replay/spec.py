@@ -62,14 +62,11 @@ class ReplaySpec:
     if self.frame_stack < 0 or self.frame_stack == 1:
       raise ConfigError("frame_stack", f"must be 0 (off) or the frames stacked (>= 2), got {self.frame_stack}")
 
-  def make_adder(self, num_envs: int, stream: int = 0, streams: int = 1):
+  def make_adder(self, num_envs: int):
     """The item kind's adder for a vector env of `num_envs` (`ItemKind.make_adder`); with
-    `frame_stack` its rows name frames by id (`jrl.replay.frames.FrameSharingAdder`; `stream` of
-    `streams`: the env groups of one actor, which share a writer)."""
+    `frame_stack` its rows name frames by id (`jrl.replay.frames.FrameSharingAdder`)."""
     adder = self.kind.make_adder(num_envs)
-    if not self.frame_stack:
-      return adder
-    return FrameSharingAdder(adder, self.frame_stack, stream, streams)
+    return FrameSharingAdder(adder, self.frame_stack) if self.frame_stack else adder
 
   def frames_in_flight(self, num_envs: int) -> int:
     """Frames a Reverb writer keeps referable (`num_envs` the envs of all its adders): those a row
