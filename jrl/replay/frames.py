@@ -3,15 +3,17 @@
 An Atari observation stacks the last K frames on its last axis ([84, 84, 4] as the `atari`
 preset makes them), so a step repeats K - 1 frames of the step before and a transition holds
 two such stacks: 56,460 bytes, about 56 GB for the standard 1M transitions. Storing each frame
-once (as Dopamine's circular buffer and Acme's adders do) holds them in about 7 GB. With
+once (as Dopamine's circular buffer and Acme's adders do) holds them in about 7 GB (measured:
+`bench/frame_replay.py`). With
 `ReplaySpec(frame_stack=K)` replay does so, and what the learner samples is byte-identical:
 
 - `FrameEncoder` follows each env's stream of stacks and names every frame by an id (int64,
-  numbered in the order frames are first seen, from a random base: unique across encoders): a stack equal to the env's last one keeps its
-  ids, a stack that shifts the last one by a frame (the next step) adds one, and any other (an
-  episode's first stack, however the stacking wrapper padded it) gets an id per frame. Equality
-  is checked on the bytes, so ids always rebuild the stack; a stack's ids increase from its
-  oldest frame to its newest (no id twice in a row: Reverb merges a repeated reference).
+  numbered in the order frames are first seen, from a random base: unique across encoders): a
+  stack equal to the env's last one keeps its ids, a stack that shifts the last one by a frame
+  (the next step) adds one, and any other (an episode's first stack, however the stacking
+  wrapper padded it) gets an id per frame. Equality is checked on the bytes, so ids always
+  rebuild the stack; a stack's ids increase from its oldest frame to its newest (no id twice in
+  a row: Reverb merges a repeated reference).
 - `FrameSharingAdder` wraps an item kind's adder: the rows it emits (transitions, on-policy
   trajectories, R2D2's sequences) carry ids [..., K] in `observation` and `next_observation`,
   and the frames seen first in that step travel with them (`FramedRows`) to the writer, which
