@@ -3,9 +3,9 @@
 An Atari observation stacks the last K frames on its last axis ([84, 84, 4] as the `atari`
 preset makes them), so a step repeats K - 1 frames of the step before and a transition holds
 two such stacks: 56,460 bytes, about 56 GB for the standard 1M transitions. Storing each frame
-once (as Dopamine's circular buffer and Acme's adders do) holds them in about 7 GB (measured:
-`bench/frame_replay.py`). With
-`ReplaySpec(frame_stack=K)` replay does so, and what the learner samples is byte-identical:
+once (as Dopamine's circular buffer and Acme's adders do) takes about one frame, 7,056 bytes, per
+transition. With `ReplaySpec(frame_stack=K)` replay does so, and what the learner samples is
+byte-identical:
 
 - `FrameEncoder` follows each env's stream of stacks and names every frame by an id (int64,
   numbered in the order frames are first seen, from a random base: unique across encoders): a
@@ -47,8 +47,9 @@ def _frame_fields(row: Any) -> Tuple[str, ...]:
 
 
 def stack_frames(frames: np.ndarray, lead: int) -> np.ndarray:
-  """Frames [*lead, K, *frame] -> stacks [*lead, *frame, K] (the stacked axis last). Frame by
-  frame into the strided output: several times faster than a transposing copy."""
+  """Frames [*lead, K, *frame] -> stacks [*lead, *frame, K] (the stacked axis last), written frame
+  by frame into the strided output rather than by a transposing copy, which numpy does slowly when
+  the last axis is as short as a stack."""
   k = frames.shape[lead]
   out = np.empty(frames.shape[:lead] + frames.shape[lead + 1:] + (k,), frames.dtype)
   for j in range(k):
@@ -232,12 +233,8 @@ class FrameStore:
       self._held.popleft()
 
   def decode(self, numbers: np.ndarray) -> np.ndarray:
-    """Stacks [..., *frame, K] of arrival numbers [..., K], gathered frame by frame into place."""
-    slots = numbers % self._capacity
-    out = np.empty(numbers.shape[:-1] + self._frames.shape[1:] + numbers.shape[-1:], self._frames.dtype)
-    for j in range(numbers.shape[-1]):
-      out[..., j] = self._frames[slots[..., j]]
-    return out
+    """Stacks [..., *frame, K] of arrival numbers [..., K]."""
+    return stack_frames(self._frames[numbers % self._capacity], numbers.ndim - 1)
 
 
 def encode_item(block: Any, store: FrameStore) -> Tuple[Any, np.ndarray]:

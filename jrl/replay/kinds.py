@@ -125,6 +125,10 @@ class ItemKind:
     """Rows written per env step of one env."""
     return 1.0
 
+  def steps_per_row(self) -> int:
+    """Env steps of one env that a row spans (its observations come from as many)."""
+    return 1
+
   def learner_workload(self, spec) -> Tuple[float, int]:
     """`launch.advise`'s workload: (rows sampled per env step, and the steps of items each sampled
     once by a call of one batch, else 0)."""
@@ -203,6 +207,9 @@ class Transitions(ItemKind):
   def _adder(self, num_envs: int) -> NStepTransitionAdder:
     return NStepTransitionAdder(num_envs, self.n_step, self.discount)
 
+  def steps_per_row(self) -> int:
+    return self.n_step
+
   def make_block_writer(self, spec, writer) -> BlockWriter:
     return BlockWriter(writer, spec.block_size)
 
@@ -280,6 +287,9 @@ class TrajectoryQueue(ItemKind):
   def rows_per_env_step(self) -> float:
     return 1.0 / self.sequence_length
 
+  def steps_per_row(self) -> int:
+    return self.sequence_length
+
   def learner_workload(self, spec) -> Tuple[float, int]:
     return 1.0, self.sequence_length
 
@@ -341,6 +351,9 @@ class ReplayedSequences(ItemKind):
 
   def rows_per_env_step(self) -> float:
     return 1.0 / self.sequence_period
+
+  def steps_per_row(self) -> int:
+    return self.sequence_length
 
   def _window_extras(self, extras: Extras) -> Dict[str, Any]:
     start = extras()[START_STATE_KEY]

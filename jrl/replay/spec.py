@@ -72,8 +72,7 @@ class ReplaySpec:
     """Frames a Reverb writer keeps referable (`num_envs` the envs of all its adders): those a row
     can name from when its first frame arrived until its item is written (the steps a row spans,
     the stack, a block's wait), as if every step started an episode (K new frames per env)."""
-    span = getattr(self.kind, "sequence_length", 0) or getattr(self.kind, "n_step", 1)
-    return (span + self.frame_stack + self.block_size + 2) * num_envs * self.frame_stack
+    return (self.kind.steps_per_row() + self.frame_stack + self.block_size + 2) * num_envs * self.frame_stack
 
   def frame_capacity(self) -> int:
     """Frames the seeded buffer's ring starts with: one per env step that the rows of a full
