@@ -230,6 +230,8 @@ def launch_on_hosts(exp, program, run_dir: str, placement: Placement, restart) -
   else:
     status = run_template(run_dir, placement.hosts, exp.host_command, watch)
   finished = os.path.exists(os.path.join(run_dir, SUMMARY_FILE))
+  if status != 0 and finished:
+    watch.settle()  # a host killed shortly before the end: its silence had not reached the deadline
   failed_hosts = glob.glob(multihost.failure_path(run_dir, "*"))
   if status != 0 and finished and watch.lost and not watch.essential_lost and not failed_hosts:
     status = 0  # the run reached its end without the lost hosts' actors: what they ran is recorded

@@ -5,7 +5,8 @@ Every host agent (`launch.host`) rewrites `RUN_DIR/launch/alive/HOST` every `HEA
 (the run directory is shared by every host). The launcher's `HostWatch` judges each heartbeat by
 when *it* last saw the file change, on its own monotonic clock, so the hosts' clocks need not
 agree. A host silent for `deadline` seconds (`--host_deadline_seconds`; one that never reported,
-from the watch's start) is lost:
+from the watch's start) is lost, and so is, when the job ends, a host whose agent ended without its
+last word (`HostWatch.settle`: killed before its silence reached the deadline):
 
 - its nodes are recorded in `RUN_DIR/launch/lost_hosts.json` (the evaluator's progress lines and
   metric rows, and the run's summary, read it);
@@ -150,14 +151,33 @@ class HostWatch:
         self._lose(host, now - since)
     return newly
 
-  def _lose(self, host: str, silent: float) -> None:
+  def settle(self) -> List[str]:
+    """The job has ended, so every host agent has: one whose last heartbeat is not its last word
+    was killed, whether or not the deadline had passed (a run can finish sooner than that). Those
+    hosts are lost now; returns them."""
+    now, newly = self._clock(), []
+    for host, (_, since) in self._last.items():
+      if host in self.lost:
+        continue
+      try:
+        with open(alive_path(self._run_dir, host)) as f:
+          if _ended(f.read()):
+            continue
+      except OSError:
+        pass  # never reported
+      newly.append(host)
+      self._lose(host, now - since, how="its agent ended without its last heartbeat")
+    return newly
+
+  def _lose(self, host: str, silent: float, how: str = "") -> None:
     nodes = self._nodes[host]
     expendable = all(node.split("/")[0] in EXPENDABLE_GROUPS for node in nodes)
     self.lost[host] = {"nodes": nodes, "expendable": expendable, "silent_seconds": round(silent, 1)}
     write_json(lost_path(self._run_dir), self.lost)
-    what = f"host {host} lost (no heartbeat for {silent:.0f}s): it ran {', '.join(nodes) or 'no node'}"
+    how = how or f"no heartbeat for {silent:.0f}s"
+    what = f"host {host} lost ({how}): it ran {', '.join(nodes) or 'no node'}"
     if expendable:
-      self._log(f"[launch] {what}; the run goes on without them")
+      self._log(f"[launch] {what}; the run {'finished' if how.startswith('its agent') else 'goes on'} without them")
       return
     report = f"{what}, which the run cannot do without; the program stopped. {self._hint(sorted(self.lost))}"
     self._log(f"[launch] {report}")

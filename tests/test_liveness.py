@@ -89,3 +89,26 @@ def test_an_agent_that_ended_or_a_stopping_program_loses_no_host(tmp_path):
   multihost.RequestStop(multihost.stop_path(run_dir))()  # the evaluator stopped the program
   clock.now += 300
   assert watch.poll() == [] and watch.lost == {}
+
+
+def test_a_host_killed_shortly_before_the_end_is_lost_when_the_job_ends(tmp_path):
+  # The run can finish before a killed host's silence reaches the deadline (CI saw it: actors on
+  # two hosts finish 20k steps in about 30 s); the job's end settles it: an agent without its
+  # last word was killed.
+  run_dir, clock, said = str(tmp_path), Clock(), []
+  os.makedirs(multihost.launch_dir(run_dir))
+  watch = liveness.HostWatch(run_dir, PLAN, deadline=30, resume_hint=str, log=said.append, clock=clock)
+  for host in PLAN["hosts"]:
+    _beat(run_dir, host, 0)
+  watch.poll()
+  clock.now += 12  # node3 silent for 12 s: not yet lost
+  for host in ("node1", "node2"):  # their agents ended cleanly: the last word (Heartbeat.stop)
+    with open(liveness.alive_path(run_dir, host), "w") as f:
+      f.write(json.dumps({"ended": True}))
+  assert watch.poll() == []
+  multihost.RequestStop(multihost.stop_path(run_dir))()  # the program stopped at its end
+  assert watch.settle() == ["node3"]
+  assert watch.lost == {"node3": {"nodes": ["actor/1", "actor/3"], "expendable": True, "silent_seconds": 12.0}}
+  assert said == ["[launch] host node3 lost (its agent ended without its last heartbeat): it ran actor/1, "
+                  "actor/3; the run finished without them"]
+  assert watch.settle() == [] and not watch.essential_lost

@@ -104,9 +104,9 @@ def _no_process_left(run_dir, within=60):
   return _run_processes(run_dir) == []
 
 
-# The budgets must outlast the host deadline (30 s) after the kill: a run that ends sooner ends
-# before the host is found lost (with 12k env steps the agent-killed run ended 30 s in, and the launcher
-# reported the job's failed step instead).
+# A host found lost by its deadline (30 s) needs a budget that outlasts it after the kill; a run
+# that ends sooner has the host found lost when the job ends (HostWatch.settle), which the
+# agent-killed test below makes certain with a deadline no run of it reaches.
 
 
 def test_an_actor_host_that_dies_is_named_and_the_run_finishes_without_it(slurm, tmp_path):
@@ -168,7 +168,7 @@ def test_the_learners_host_dies_the_program_stops_and_names_how_to_resume(slurm,
 def test_a_host_agent_killed_alone_takes_its_nodes_with_it(slurm, tmp_path):
   run_dir = str(tmp_path / "agent-killed")
   launch = Launch(["--placement", PLACEMENT, "--steps", "20000", "--eval_every", "10000", *SMALL,
-                   "--run_dir", run_dir], slurm)
+                   "--host_deadline_seconds", "900", "--run_dir", run_dir], slurm)
   _wait_for(lambda: _rows(os.path.join(run_dir, "metrics", "actor1.csv")) >= 2, "rows of actor 1 (node3)", launch)
   agent = next(p for p in _run_processes(run_dir)
                if "launch.host" in " ".join(p.cmdline()) and p.cmdline()[-1] == "node3")
@@ -179,6 +179,8 @@ def test_a_host_agent_killed_alone_takes_its_nodes_with_it(slurm, tmp_path):
   assert not alive, alive
   code, _ = launch.wait(timeout=900)
   assert code == 0, launch.text()
+  assert any(line.startswith("[launch] host node3 lost (its agent ended without its last heartbeat): it ran "
+                             "actor/1, actor/3; the run finished without them") for _, line in launch.lines), launch.text()
   summary = json.load(open(os.path.join(run_dir, "summary.json")))
   assert summary["details"]["lost_hosts"] == ["node3"] and summary["actor_steps"] >= 20000, summary
   assert _no_process_left(run_dir), _run_processes(run_dir)
