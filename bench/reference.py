@@ -109,9 +109,27 @@ def commit() -> str:
 
 
 def write_results(agent: str, steps: int, rows: List[Dict[str, Any]], commands: List[str]) -> str:
+  """The agent's record at this budget, with these games' rows (and commands) replacing theirs
+  in the record already there when it was measured with the same settings: the games of a
+  budget can be measured in separate sessions. Each row keeps its own date and commit."""
   os.makedirs(RESULTS_DIR, exist_ok=True)
   path = os.path.join(RESULTS_DIR, f"reference-{agent}-{steps}.json")
-  record = {"agent": agent, "steps": steps, "date": datetime.date.today().isoformat(), "commit": commit(),
+  today, at = datetime.date.today().isoformat(), commit()
+  rows = [dict(row, date=today, commit=at) for row in rows]
+  if os.path.exists(path):
+    with open(path) as f:
+      old = json.load(f)
+    if old.get("settings") == SETTINGS[agent]:
+      games = {row["game"] for row in rows}
+      kept = [dict(row, date=row.get("date", old["date"]), commit=row.get("commit", old["commit"]))
+              for row in old["runs"] if row["game"] not in games]
+      envs = {SETTINGS[agent]["env"].format(name=GAMES[g]) for g in games}
+      kept_commands = [c for c in old["commands"] if not any(f"--env {env} " in c for env in envs)]
+      rows, commands = kept + rows, kept_commands + commands
+  order = list(GAMES)
+  rows.sort(key=lambda row: (order.index(row["game"]), row["seed"]))
+  commands.sort(key=lambda c: next((i for i, g in enumerate(GAMES.values()) if f"/{g}-" in c or f":{g}-" in c), 0))
+  record = {"agent": agent, "steps": steps, "date": today, "commit": at,
             "machine": machine(), "settings": SETTINGS[agent], "commands": commands, "runs": rows}
   with open(path, "w") as f:
     json.dump(record, f, indent=1)
@@ -146,8 +164,11 @@ def render_table(records: List[Dict[str, Any]]) -> str:
   for record in sorted(records, key=lambda r: (r["agent"], r["steps"])):
     agent, steps = record["agent"], record["steps"]
     published = PUBLISHED[agent]["at"].get(steps, {})
+    measured = sorted({(row.get("date", record["date"]), row.get("commit", record["commit"]))
+                       for row in record["runs"]})
+    when = ", ".join(f"{date} at commit `{at}`" for date, at in measured)
     lines += [f"## {agent.upper()} at {steps:,} env steps", "",
-              f"Measured {record['date']} at commit `{record['commit']}` on {record['machine']}. "
+              f"Measured {when} on {record['machine']}. "
               f"Published: {PUBLISHED[agent]['source']}.", "",
               "| game | env | seeds | final [95% CI] | best [95% CI] | published | final / published | "
               "sweep wall s | machine s per run |",
