@@ -14,6 +14,7 @@ from typing import Any, Dict, List, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from jrl import jit_cache
 from jrl.device.loop import Carry, DeviceLoop, Plan, build_device_parts, evaluation_key, make_plan
@@ -23,8 +24,11 @@ from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import REPORT_FILE
 from jrl.experiment.run_core import RunCore
 from jrl.gymnax_envs import GymnaxVecEnv, reward_threshold
-from jrl.learners import sharding
+from jrl.learners import distributed, sharding
 from jrl.timing import BACKEND_COMPILE_EVENT, COMPILE, COMPILE_EVENTS, DEVICE_LOOP, EVAL, OTHER, NodeTimes
+
+
+PROCESSES_DIR = "processes"  # the records of a multi-process run's other processes (`follower_dir`)
 
 
 class CompileClock:
@@ -62,8 +66,27 @@ class CompileClock:
 
 
 def carry_to_host(carry: Carry) -> List[np.ndarray]:
-  """The carry's leaves as numpy arrays (whole arrays, gathered from every device)."""
-  return [np.asarray(x) for x in jax.device_get(jax.tree_util.tree_leaves(carry))]
+  """The carry's leaves as numpy arrays (whole arrays, gathered from every device; from every
+  process when the mesh spans several, which makes this a collective)."""
+  leaves = jax.tree_util.tree_leaves(carry)
+  if jax.process_count() > 1:
+    return [np.asarray(multihost_utils.process_allgather(x, tiled=True)) for x in leaves]
+  return [np.asarray(x) for x in jax.device_get(leaves)]
+
+
+def first_process_decides(decision: bool) -> bool:
+  """The first process's `decision`, in every process of the run (a collective)."""
+  if jax.process_count() == 1:
+    return bool(decision)
+  return bool(multihost_utils.broadcast_one_to_all(np.int32(decision)))
+
+
+def follower_dir(exp: ExperimentConfig) -> Optional[str]:
+  """Where process k > 0 of a device run over several processes writes its own record
+  (RUN_DIR/processes/p<k>); None for the first process, which writes the run."""
+  if exp.process_id == 0:
+    return None
+  return os.path.join(os.path.abspath(exp.resume or exp.run_dir), PROCESSES_DIR, f"p{exp.process_id}")
 
 
 def carry_from_host(leaves: List[np.ndarray], carry_shape: Carry, shardings: Carry, source: str) -> Carry:
@@ -227,8 +250,6 @@ class DeviceSetup(NamedTuple):
 def device_setup(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int]) -> DeviceSetup:
   """The env, agent parts, mesh, loop plan and success threshold of a device run (ConfigError for
   bad input, before anything is written)."""
-  if exp.num_processes > 1:
-    raise ConfigError("backend", "'device' runs in one process; it cannot span --num_processes")
   env = GymnaxVecEnv(exp.env)  # ConfigError for a gymnasium or unknown id
   parts = build_device_parts(exp.agent, env, agent_cfg)
   mesh = sharding.make_mesh(exp.learner_devices)
@@ -249,13 +270,23 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
   learner and policy state, keys) and the host's counters. `exp.resume` continues from the newest
   one; a resumed run ends with the same bytes as one never stopped."""
   start = time.monotonic()
+  # Several processes (one per host) run one loop over the devices of all (the mesh): each runs
+  # the same programs on its part of the envs and the batch; the first writes the run.
+  if exp.num_processes > 1 and not (exp.run_dir or exp.resume):
+    raise ConfigError("run_dir", "a device run over several processes needs --run_dir: every process must "
+                                 "name the same folder")
+  distributed.initialize(exp.coordinator_address, exp.num_processes, exp.process_id)  # before any other JAX use
   clock = CompileClock()
   cache_dir = jit_cache.enable_compilation_cache()
   env, parts, mesh, plan, threshold = device_setup(exp, agent_cfg, chunk_steps)
-  core = RunCore(exp, agent_cfg, threshold)
+  if exp.num_processes > 1 and exp.process_id > 0:  # the first process has prepared the run directory
+    multihost_utils.sync_global_devices("jrl: run directory prepared")
+  core = RunCore(exp, agent_cfg, threshold, follower_dir=follower_dir(exp), agree=first_process_decides)
+  if exp.num_processes > 1 and exp.process_id == 0:
+    multihost_utils.sync_global_devices("jrl: run directory prepared")
   core.start_clock(at=start)
   driver = DeviceDriver(exp, agent_cfg, env, parts, plan, mesh, core, clock)
-  core.open(driver.env_steps, f"{exp.agent} {exp.env} s{exp.seed}")
+  core.open(driver.env_steps, f"{exp.agent} {exp.env} s{exp.seed}" + (f" p{exp.process_id}" if exp.process_id else ""))
   setup_seconds = core.elapsed() - core.books.wall_before  # metrics' wall_seconds count from the run's start
   final_params = jax.device_get(core.drive(driver))
   wall = core.elapsed()
@@ -268,7 +299,7 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
              "loop_compiles": clock.backend_compiles - driver.compiles_before_loop, "compilation_cache": cache_dir}
   sps = report_fields["rates"]["env_steps_per_second"]
   return core.finish(driver, final_params, wall, result, report_fields, kind="device", replay="device",
-                     learner_devices=mesh.devices.size, learner_processes=1, details=details,
+                     learner_devices=mesh.devices.size, learner_processes=exp.num_processes, details=details,
                      plot_title=f"{exp.agent} on {exp.env}, seed {exp.seed} (device)",
                      done_extra=f" (compile {driver.compile_seconds:.1f}s, {sps:.0f} env-steps/s)")
 

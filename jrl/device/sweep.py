@@ -186,6 +186,9 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
     raise ConfigError("seeds", "a (seed, grid point) appears twice")
   if len({tuple(sorted(p)) for p in points}) != 1:
     raise ValueError("every point must name the same fields")
+  if exp.num_processes > 1:
+    raise ConfigError("num_processes", "a vmapped sweep runs in one process; run its seeds over several "
+                                       "processes one by one (--one_by_one)")
   env, parts, mesh, plan, threshold = device_setup(exp, agent_cfg, chunk_steps)
   cores = []
   for seed, run_dir, point in zip(seeds, run_dirs, points):

@@ -19,6 +19,7 @@ The distributed program's evaluator node keeps the same books with the same piec
 import dataclasses
 import math
 import os
+import shutil
 import time
 from typing import Any, Callable, Dict, Optional, Protocol, Tuple
 
@@ -114,13 +115,25 @@ class RunCore:
   """One run's directory, books and files; `drive` runs a `Driver` to the budget."""
 
   def __init__(self, exp, agent_cfg, threshold: Optional[float], before_writing: Callable[[], None] = lambda: None,
-               timer=NULL_TIMER):
+               timer=NULL_TIMER, follower_dir: Optional[str] = None, agree: Callable[[bool], bool] = bool):
     """Reads the checkpoint to resume (exp.resume) and prepares the run directory
-    (ConfigError for bad input, before anything is written)."""
-    self.exp, self.timer = exp, timer
+    (ConfigError for bad input, before anything is written).
+
+    A process of a multi-process run other than the first (a device run over several hosts) is
+    a *follower*: it takes every step, evaluation and checkpoint with the others (they are
+    collective), resumes from the same checkpoint, but writes only its own record, fresh each
+    session, into `follower_dir` (metrics, summary); the run directory, its checkpoints and
+    policies are the first process's. `agree` makes the processes take the same decision where
+    it depends on a local clock (a checkpoint every N seconds): the first process's."""
+    self.exp, self.timer, self.follower, self._agree = exp, timer, follower_dir is not None, agree
     self.resume_info = checkpoint_to_resume(exp.resume, exp.steps) if exp.resume else None
     self.saved: Optional[Dict[str, Any]] = Checkpointer.read_run_state(self.resume_info) if self.resume_info else None
-    self.run_dir = files.prepare_run_dir(exp, agent_cfg, before_writing=before_writing)
+    if self.follower:
+      shutil.rmtree(follower_dir, ignore_errors=True)
+      os.makedirs(follower_dir)
+      self.run_dir = os.path.abspath(follower_dir)
+    else:
+      self.run_dir = files.prepare_run_dir(exp, agent_cfg, before_writing=before_writing)
     self.checkpointer = Checkpointer(self.run_dir, exp.keep_checkpoints)
     self.checkpointer.clean_partial()
     self.failed_writes = FailedWrites()
@@ -141,7 +154,7 @@ class RunCore:
   def open(self, env_steps: int, progress_prefix: str) -> None:
     """Opens the metric logs (a resumed run drops what was logged after its checkpoint), the
     progress line and the checkpoint schedule."""
-    positions = self.saved["positions"] if self.saved is not None else None
+    positions = self.saved["positions"] if self.saved is not None and not self.follower else None
     self.tb, self.loggers = open_metric_logs(self.run_dir, ROLES, positions)
     self.progress = Progress(progress_prefix, self.exp.progress_seconds)
     self.schedule = CheckpointSchedule(self.exp.checkpoint_every_steps, self.exp.checkpoint_every_seconds, env_steps)
@@ -180,6 +193,8 @@ class RunCore:
                               f"{episode_text} | eval {eval_text(self.books.history)}")
 
   def _snapshot(self, name: str, params, driver: Driver, **extra) -> None:
+    if self.follower:
+      return
     with self.timer.phase(CHECKPOINT), self.failed_writes.attempt(f"policy snapshot '{name}'"):
       save_policy(self.run_dir, name, params,
                   {"actor_steps": driver.env_steps, "learner_steps": driver.learner_steps, **extra})
@@ -205,6 +220,8 @@ class RunCore:
       books = self.books.state()
       books["wall_before"] = self.elapsed()
       learner_state, run_state, write_replay = driver.checkpoint(books)
+      if self.follower:
+        return  # it took part in gathering the state; the first process saves it
       run_state["positions"] = metric_log_positions(self.tb, self.loggers)
       counters = {"actor_steps": driver.env_steps, "learner_steps": driver.learner_steps,
                   "episodes": self.books.episodes_total, "evaluations": self.books.history.count}
@@ -234,7 +251,7 @@ class RunCore:
       self.evaluate(driver)
       if may_stop and exp.stop_at_threshold and books.history.reached:
         return True
-    if self.schedule.due(driver.env_steps) and driver.env_steps < exp.steps:  # the last one follows
+    if self._agree(self.schedule.due(driver.env_steps)) and driver.env_steps < exp.steps:  # the last one follows
       self.checkpoint(driver)
     return False
 
