@@ -14,6 +14,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -27,6 +28,32 @@ EXIT_STATUS_FILE = multihost.EXIT_STATUS_FILE
 # How long the launcher waits for the job (or the host commands) to end once the program has
 # stopped, before it ends them itself.
 STOP_GRACE_SECONDS = 30.0
+
+
+class ProgressEcho(threading.Thread):
+  """Echoes a node's progress lines (the evaluator's; a device run's first process) from its log
+  file to this terminal."""
+
+  def __init__(self, path: str):
+    super().__init__(daemon=True)
+    self._path, self._halt = path, threading.Event()
+
+  def run(self):
+    # A resumed run's node appends to its earlier session's log: echo only what this one adds.
+    position = os.path.getsize(self._path) if os.path.exists(self._path) else 0
+    while not self._halt.wait(0.5):
+      if not os.path.exists(self._path):
+        continue
+      with open(self._path, errors="replace") as f:
+        f.seek(position)
+        text = f.read()
+        position = f.tell()
+      for line in text.splitlines():
+        if line.startswith("[") and "] steps " in line:
+          print(line, flush=True)
+
+  def stop(self):
+    self._halt.set()
 
 
 def host_agent_command(run_dir: str, host: str) -> List[str]:
@@ -180,6 +207,12 @@ def group_counts(exp) -> Dict[str, int]:
 
 def resolve_placement(exp) -> Placement:
   """Hosts with their addresses and the validated placement; ConfigError naming the field."""
+  hosts = resolve_hosts(exp)
+  return parse_placement(exp.placement or default_placement(hosts), hosts, group_counts(exp))
+
+
+def resolve_hosts(exp) -> Tuple[Host, ...]:
+  """`--hosts` with every host's address (Slurm's NodeAddr where not given); ConfigError."""
   hosts = parse_hosts(exp.hosts)
   if exp.launcher == "slurm":
     missing = [h.name for h in hosts if not h.address]
@@ -191,7 +224,7 @@ def resolve_placement(exp) -> Placement:
   for host in hosts:
     if not host.address:
       raise ConfigError("hosts", f"host '{host.name}' has no address: give it as {host.name}=IP")
-  return parse_placement(exp.placement or default_placement(hosts), hosts, group_counts(exp))
+  return hosts
 
 
 def failure_report(run_dir: str) -> str:
@@ -222,9 +255,15 @@ def launch_on_hosts(exp, program, run_dir: str, placement: Placement, restart) -
   """Runs the placed program until it ends; RuntimeError with the failure report if it failed.
   Returns the hosts lost during the run that it could do without (liveness.read_lost's form)."""
   plan = multihost.build_plan(program, placement, run_dir, restart)
+  return run_plan(exp, plan, run_dir, placement, resume_hint(exp, placement, run_dir))
+
+
+def run_plan(exp, plan: Dict[str, Any], run_dir: str, placement: Placement, hint) -> Dict[str, Any]:
+  """Runs a written plan's host agents (`exp.launcher`: Slurm or the template) until they end,
+  watching their heartbeats; `hint(lost hosts)` ends a lost host's report. RuntimeError with the
+  failure report if the run failed; returns the hosts lost that it could do without."""
   job_name = f"jrl-{exp.agent}-{exp.env}-s{exp.seed}"
-  watch = liveness.HostWatch(run_dir, plan, exp.host_deadline_seconds, resume_hint(exp, placement, run_dir),
-                             log=lambda line: print(line, flush=True))
+  watch = liveness.HostWatch(run_dir, plan, exp.host_deadline_seconds, hint, log=lambda line: print(line, flush=True))
   if exp.launcher == "slurm":
     status = run_slurm(run_dir, placement.hosts, job_name, watch)
   else:

@@ -22,7 +22,6 @@ import functools
 import glob
 import json
 import os
-import threading
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 import launchpad as lp
@@ -108,30 +107,6 @@ def build_program(exp: ExperimentConfig, agent_cfg, session: nodes.Session,
     evaluator = program.add_node(lp.CourierNode(nodes.EvaluatorNode, exp, agent_cfg, learner, counter, servers,
                                                 session, replay))
   return program, ProgramNodes(counter, replay, learners, servers, actors, evaluator)
-
-
-class _ProgressEcho(threading.Thread):
-  """Echoes the evaluator's progress lines from its log file to this terminal."""
-
-  def __init__(self, path: str):
-    super().__init__(daemon=True)
-    self._path, self._halt = path, threading.Event()
-
-  def run(self):
-    position = 0
-    while not self._halt.wait(0.5):
-      if not os.path.exists(self._path):
-        continue
-      with open(self._path, errors="replace") as f:
-        f.seek(position)
-        text = f.read()
-        position = f.tell()
-      for line in text.splitlines():
-        if line.startswith("[") and "] steps " in line:
-          print(line, flush=True)
-
-  def stop(self):
-    self._halt.set()
 
 
 def prepare_session(exp: ExperimentConfig, agent_cfg) -> Tuple[nodes.Session, Optional[Dict[str, Any]]]:
@@ -326,7 +301,7 @@ def launch_program(built: BuiltProgram) -> Dict[str, Any]:
   placement, node_env = built.placement, built.node_env
   run_dir, log_dir = session.run_dir, os.path.join(session.run_dir, "logs")
   policy = supervisor.RestartPolicy(RESTARTABLE_GROUPS, exp.max_restarts, exp.restart_backoff_seconds)
-  echo = _ProgressEcho(os.path.join(log_dir, "evaluator", "0"))
+  echo = cluster.ProgressEcho(os.path.join(log_dir, "evaluator", "0"))
   lost: Dict[str, Any] = {}
   if placement is not None:
     echo.start()

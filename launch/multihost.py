@@ -115,8 +115,14 @@ def build_plan(program, placement: Placement, run_dir: str, restart: Dict[str, A
       args[data] = shared
       hosts[placement.host_of(label, index).name]["nodes"].append(
           {"title": f"{label}/{index}", "command": args, "env": dict(command.env_overrides)})
+  return write_plan(run_dir, hosts, restart)
+
+
+def write_plan(run_dir: str, hosts: Dict[str, Dict[str, Any]], restart: Dict[str, Any]) -> Dict[str, Any]:
+  """The plan of `hosts` ({host: {"address", "nodes": [{"title", "command", "env"}]}}), written
+  to RUN_DIR/launch/plan.json for the host agents; returned."""
   plan = {"hosts": hosts, "restart": restart, "python": sys.executable, "cwd": os.getcwd()}
-  write_json(os.path.join(folder, PLAN_FILE), plan)
+  write_json(os.path.join(launch_dir(run_dir), PLAN_FILE), plan)
   return plan
 
 

@@ -17,7 +17,8 @@ from typing import Dict, List, Sequence, Tuple
 
 from jrl.errors import ConfigError
 
-GROUPS = ("counter", "replay", "learner", "inference", "actor", "evaluator")
+# "device": the processes of a device run over several hosts (`launch.device_hosts`), one per host.
+GROUPS = ("counter", "replay", "learner", "inference", "actor", "evaluator", "device")
 _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 

@@ -66,6 +66,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     exp.check_given_flags(given_fields(ExperimentConfig, args))
     _inject_faults(args, exp)
     exp = resolve_paths(exp)  # relative folders against the working directory, once
+    if exp.backend == "device" and exp.launcher != "local" and not exp.coordinator_address:
+      from launch.device_hosts import run_device_on_hosts  # the launcher of its processes
+      try:
+        summary = run_device_on_hosts(exp, agent_cfg)
+      except RuntimeError as e:  # a process or host failed; the report names it
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+      digests = summary["process_digests"]
+      print(f"done: {summary['actor_steps']} env steps on {len(digests)} processes, eval "
+            f"{summary['eval_return']:.1f} (best {summary['best_eval_return']:.1f}), steps to threshold "
+            f"{summary['steps_to_threshold']}, final params digest "
+            + (f"{digests[0][:16]} (every process)" if len(set(digests)) == 1 else f"differs: {', '.join(digests)}")
+            + f" | {summary['run_dir']}", flush=True)
+      return 0 if len(set(digests)) == 1 else 1
     if exp.backend == "device":
       from jrl.device.runner import run_device  # gymnax envs; checks the env id itself
       run_device(exp, agent_cfg)

@@ -16,6 +16,9 @@ nothing. Without `--core` nothing is deselected, so a missing package fails loud
 """
 
 import os
+import shutil
+import subprocess
+import tempfile
 
 import pytest
 
@@ -93,3 +96,24 @@ def pytest_sessionfinish(session, exitstatus):
   if config.getoption("--core") and exitstatus == 0 and not _passed:
     print("\nconftest: --core run in which no test passed; failing", flush=True)
     session.exitstatus = 1
+
+
+SLURM_CLUSTER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                             "slurm_test_cluster.sh")
+needs_slurm = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("slurmctld") is None or shutil.which("munged") is None,
+    reason="needs root and Debian's slurm-wlm + munge (.ci/run installs them)")
+
+
+@pytest.fixture
+def slurm():
+  """A fresh 3-host Slurm cluster (scripts/slurm_test_cluster.sh: network namespaces on this
+  machine) for one test; the environment that points Slurm's commands at it."""
+  state = tempfile.mkdtemp(prefix="jrl-slurm-")  # munged wants every folder above its socket searchable
+  up = subprocess.run([SLURM_CLUSTER, "up", state], capture_output=True, text=True, timeout=120)
+  assert up.returncode == 0, up.stdout + up.stderr
+  yield dict(os.environ, SLURM_CONF=os.path.join(state, "slurm.conf"))
+  down = subprocess.run([SLURM_CLUSTER, "down", state], capture_output=True, text=True, timeout=180)
+  assert down.returncode == 0, down.stderr
+  shutil.rmtree(state, ignore_errors=True)
+

@@ -42,7 +42,7 @@ BAD_INPUTS = {
     "log_every distributed": (["--distributed", "--log_every", "5"], "log_every: applies to runs in one process"),
     "num_actors embedded": (["--num_actors", "3"], "num_actors: applies to --distributed runs only"),
     "fault injection embedded": (["--crash_learner_after", "5"], "crash_learner_after: applies to --distributed runs only"),
-    "device distributed": (["--distributed", "--backend", "device"], "backend: 'device' runs in one process"),
+    "device distributed": (["--distributed", "--backend", "device"], "backend: 'device' is one compiled loop, not a Launchpad program"),
 }
 # Refused by the distributed launcher (it imports Launchpad) before anything launches.
 BAD_DISTRIBUTED_INPUTS = {

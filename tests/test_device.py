@@ -124,7 +124,7 @@ def test_ring_sampling_is_stratified_uniform_and_gathers_locally():
 BAD_INPUTS = {
     "unknown gymnax id": (["--env", "gymnax:NoSuchEnv-v0"], "env: unknown gymnax id 'NoSuchEnv-v0'"),
     "gymnasium id": (["--env", "CartPole-v1"], "env: --backend device needs a JAX-native env"),
-    "distributed": (["--env", "gymnax:CartPole-v1", "--distributed"], "backend: 'device' runs in one process"),
+    "distributed": (["--env", "gymnax:CartPole-v1", "--distributed"], "backend: 'device' is one compiled loop, not a Launchpad program"),
     "factory returns no env": (["--env", "gymnax:examples.jax_envs:not_an_env"],
                                "env: the env factory 'examples.jax_envs:not_an_env' returned str, not a gymnax "
                                "Environment"),

@@ -10,40 +10,24 @@ machine takes them all at once.
 import json
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 import psutil
 import pytest
+from conftest import needs_slurm
 from test_multihost import _run_processes
 
-pytestmark = [pytest.mark.needs_reverb, pytest.mark.slow,
-              pytest.mark.skipif(os.geteuid() != 0 or shutil.which("slurmctld") is None
-                                 or shutil.which("munged") is None,
-                                 reason="needs root and Debian's slurm-wlm + munge (.ci/run installs them)")]
+pytestmark = [pytest.mark.needs_reverb, pytest.mark.slow, needs_slurm]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLUSTER = os.path.join(ROOT, "scripts", "slurm_test_cluster.sh")
 HOSTS = "node1,node2,node3"
 PLACEMENT = "replay,learner,counter,evaluator=node1 actor=node2,node3"
 SMALL = ["--num_actors", "4", "--num_envs", "4", "--min_replay_size", "500", "--hidden_sizes", "32,32",
          "--eval_episodes", "2", "--progress_seconds", "2"]
-
-
-@pytest.fixture
-def slurm():
-  state = tempfile.mkdtemp(prefix="jrl-slurm-")  # munged wants every folder above its socket searchable
-  up = subprocess.run([CLUSTER, "up", state], capture_output=True, text=True, timeout=120)
-  assert up.returncode == 0, up.stdout + up.stderr
-  yield dict(os.environ, SLURM_CONF=os.path.join(state, "slurm.conf"))
-  down = subprocess.run([CLUSTER, "down", state], capture_output=True, text=True, timeout=180)
-  assert down.returncode == 0, down.stderr
-  shutil.rmtree(state, ignore_errors=True)
 
 
 class Launch:

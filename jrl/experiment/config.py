@@ -21,6 +21,9 @@ DISTRIBUTED_ONLY = frozenset({
     "service_deadline_seconds",
 })
 
+# Where a run's processes go: a device run over several hosts takes them too (launch.device_hosts).
+HOST_FIELDS = frozenset({"launcher", "hosts", "placement", "host_command", "host_deadline_seconds"})
+
 
 # The experiment's fields by concern: `--help` shows one heading per group, in this order.
 FIELD_GROUPS = (
@@ -102,13 +105,15 @@ class ExperimentConfig:
     if self.backend not in ("host", "device"):
       raise ConfigError("backend", f"must be 'host' or 'device', got '{self.backend}'")
     if self.backend == "device" and self.distributed:
-      raise ConfigError("backend", "'device' runs in one process; it cannot be combined with --distributed")
+      raise ConfigError("backend", "'device' is one compiled loop, not a Launchpad program: drop --distributed "
+                                   "(over several hosts: --launcher slurm or template)")
     if self.inference not in ("actor", "server"):
       raise ConfigError("inference", f"must be 'actor' or 'server', got '{self.inference}'")
     if self.launcher not in ("local", "slurm", "template"):
       raise ConfigError("launcher", f"must be 'local', 'slurm' or 'template', got '{self.launcher}'")
-    if self.launcher != "local" and not self.distributed:
-      raise ConfigError("launcher", f"'{self.launcher}' launches a distributed program: add --distributed")
+    if self.launcher != "local" and not self.distributed and self.backend != "device":
+      raise ConfigError("launcher", f"'{self.launcher}' launches a distributed program or a device run over "
+                                    "hosts: add --distributed or --backend device")
     if self.launcher != "local" and not self.hosts:
       raise ConfigError("hosts", f"--launcher {self.launcher} needs the hosts, e.g. --hosts node1,node2,node3")
     if self.launcher == "template" and "{command}" not in self.host_command:
@@ -121,7 +126,8 @@ class ExperimentConfig:
       raise ConfigError("learner_devices", f"must be >= 0 (0 = all), got {self.learner_devices}")
     if not 0 <= self.process_id < self.num_processes:
       raise ConfigError("process_id", f"must be in [0, num_processes={self.num_processes}), got {self.process_id}")
-    if self.num_processes > 1 and not self.coordinator_address and not self.distributed:
+    if (self.num_processes > 1 and not self.coordinator_address and not self.distributed
+        and not (self.backend == "device" and self.launcher != "local")):
       raise ConfigError("coordinator_address", "is required when num_processes > 1 (a distributed program picks one)")
     require_non_negative(self, "checkpoint_every_seconds", "checkpoint_every_steps", "max_restarts",
                          "restart_backoff_seconds")
@@ -136,7 +142,7 @@ class ExperimentConfig:
     for name in given:
       if self.distributed and name in EMBEDDED_ONLY:
         raise ConfigError(name, f"applies to runs in one process, not to --distributed ones ({EMBEDDED_ONLY[name]})")
-      if not self.distributed and name in DISTRIBUTED_ONLY:
+      if not self.distributed and name in DISTRIBUTED_ONLY and not (self.backend == "device" and name in HOST_FIELDS):
         raise ConfigError(name, "applies to --distributed runs only")
 
   def default_run_dir(self) -> str:

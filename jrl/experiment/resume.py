@@ -17,6 +17,8 @@ CHANGEABLE_ON_RESUME = frozenset({
     "max_restarts", "restart_backoff_seconds", "service_deadline_seconds", "lp_launch_type",
     # Where a distributed run's nodes run: a run resumed after losing a host is placed on the others.
     "hosts", "placement", "host_command", "host_deadline_seconds",
+    # Which process of a device run over hosts this is, and where they meet (launch.device_hosts).
+    "process_id", "coordinator_address",
 })
 # Fields that config.json files of older versions hold and this version has dropped: read and ignored
 # (the test-only fault injection moved to launch/faults.py's environment variable).
