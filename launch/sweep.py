@@ -92,7 +92,9 @@ def parse_args(argv: Sequence[str]):
       raise ConfigError("parallel", "--backend device runs every seed in one vmapped program; "
                                     "add --one_by_one to run them as processes")
     if args.vmapped:
+      from jrl.device.sweep import check_one_process
       from jrl.gymnax_envs import GymnaxVecEnv
+      check_one_process(exp)
       GymnaxVecEnv(exp.env)  # ConfigError for an id gymnax does not have, before anything is written
     grid = parse_grid(args.grid)
     if grid and not args.vmapped:

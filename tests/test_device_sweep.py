@@ -81,14 +81,19 @@ def test_a_vmapped_sweep_resumed_from_its_checkpoints_ends_with_the_same_bytes(t
       assert json.load(f)["experiment"]["seed"] == int(run_dir[-1])
 
 
-def test_parallel_without_one_by_one_is_refused_in_one_line(tmp_path):
+@pytest.mark.parametrize("flags, field", [
+    (["--parallel", "2"], "parallel"),
+    (["--launcher", "slurm", "--hosts", "node1,node2"], "launcher"),  # processes over hosts: one run at a time
+])
+def test_a_vmapped_sweep_outside_one_process_is_refused_in_one_line(tmp_path, flags, field):
   run_dir = tmp_path / "sweep"
   done = subprocess.run([sys.executable, "-m", "launch.sweep", "--agent", "ppo", "--env", "gymnax:CartPole-v1",
-                         "--backend", "device", "--seeds", "0-1", "--parallel", "2", "--run_dir", str(run_dir)],
+                         "--backend", "device", "--seeds", "0-1", *flags, "--run_dir", str(run_dir)],
                         cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert done.returncode == 2, done.stderr
   lines = done.stderr.strip().splitlines()
-  assert len(lines) == 1 and "parallel" in lines[0] and "--one_by_one" in lines[0], done.stderr
+  assert len(lines) == 1 and lines[0].startswith(f"python -m launch.sweep: error: {field}: ") and \
+      "--one_by_one" in lines[0], done.stderr
   assert not run_dir.exists()
 
 

@@ -46,6 +46,15 @@ def grid_points(grid: Mapping[str, Sequence[float]]) -> List[Dict[str, float]]:
   return [dict(zip(fields, values)) for values in itertools.product(*(grid[f] for f in fields))]
 
 
+def check_one_process(exp: ExperimentConfig) -> None:
+  """ConfigError unless `exp` runs in one process: a vmapped sweep does (its seeds' runs, one by
+  one, may span processes or hosts)."""
+  if exp.num_processes > 1 or exp.launcher != "local":
+    raise ConfigError("num_processes" if exp.num_processes > 1 else "launcher",
+                      "a vmapped sweep runs in one process; run its seeds over several processes or hosts one "
+                      "by one (--one_by_one)")
+
+
 def check_grid(exp: ExperimentConfig, agent_cfg, grid: Mapping[str, Sequence[float]]) -> None:
   """ConfigError naming the first grid field the vmapped loop cannot take as a traced value: not a
   numeric field of the agent's config, one that changes the networks or the replay layout (array
@@ -186,9 +195,7 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
     raise ConfigError("seeds", "a (seed, grid point) appears twice")
   if len({tuple(sorted(p)) for p in points}) != 1:
     raise ValueError("every point must name the same fields")
-  if exp.num_processes > 1:
-    raise ConfigError("num_processes", "a vmapped sweep runs in one process; run its seeds over several "
-                                       "processes one by one (--one_by_one)")
+  check_one_process(exp)
   env, parts, mesh, plan, threshold = device_setup(exp, agent_cfg, chunk_steps)
   cores = []
   for seed, run_dir, point in zip(seeds, run_dirs, points):
