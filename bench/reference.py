@@ -73,12 +73,13 @@ def run_sweep(agent: str, game: str, args, run_root: str) -> Dict[str, Any]:
              "--eval_every", str(args.eval_every), "--eval_episodes", "32", "--progress_seconds", "60",
              *settings["flags"]]
   print(f"[reference] {agent} on {env}: {' '.join(command[1:])}", flush=True)
+  measured = {"date": datetime.date.today().isoformat(), "commit": commit()}  # the code the sweep runs
   start = time.monotonic()
   done = subprocess.run(command, cwd=ROOT)
   wall = time.monotonic() - start
   if done.returncode != 0:
     print(f"[reference] {agent} on {env}: the sweep exited {done.returncode}", flush=True)
-  return {"env": env, "folder": folder, "wall_seconds": round(wall, 1), "returncode": done.returncode,
+  return {**measured, "env": env, "folder": folder, "wall_seconds": round(wall, 1), "returncode": done.returncode,
           "command": " ".join(["python"] + command[1:]).replace(run_root, "RUN_DIR")}
 
 
@@ -91,7 +92,7 @@ def collect(agent: str, game: str, sweep: Dict[str, Any]) -> List[Dict[str, Any]
     rows.append({"agent": agent, "game": game, "env": sweep["env"], "seed": run.seed, "complete": run.complete,
                  "final": run.final_return, "best": run.best_return, "env_steps": run.env_steps,
                  "run_wall_seconds": run.wall_seconds, "sweep_wall_seconds": sweep["wall_seconds"],
-                 "runs_in_sweep": len(runs), "error": run.error})
+                 "runs_in_sweep": len(runs), "error": run.error, "date": sweep["date"], "commit": sweep["commit"]})
   return rows
 
 
@@ -115,7 +116,7 @@ def write_results(agent: str, steps: int, rows: List[Dict[str, Any]], commands: 
   os.makedirs(RESULTS_DIR, exist_ok=True)
   path = os.path.join(RESULTS_DIR, f"reference-{agent}-{steps}.json")
   today, at = datetime.date.today().isoformat(), commit()
-  rows = [dict(row, date=today, commit=at) for row in rows]
+  rows = [dict(row, date=row.get("date", today), commit=row.get("commit", at)) for row in rows]
   if os.path.exists(path):
     with open(path) as f:
       old = json.load(f)
