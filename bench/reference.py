@@ -184,9 +184,10 @@ def render_table(records: List[Dict[str, Any]]) -> str:
       ref = published.get(game)
       ratio = f"{sum(finals) / len(finals) / ref:.2f}" if finals and ref else "-"
       sweep_wall = rows[0]["sweep_wall_seconds"]
+      # A sweep's machine time went to the runs that completed (a run not completed never started).
       lines.append(f"| {GAMES[game]} | `{rows[0]['env']}` | {len(ok)}/{len(rows)} | {_estimate(finals)} | "
                    f"{_estimate(bests)} | {ref if ref is not None else '-'} | {ratio} | {sweep_wall:.0f} | "
-                   f"{sweep_wall / len(rows):.0f} |")
+                   f"{sweep_wall / max(1, len(ok)):.0f} |")
     lines += ["", "Commands (`RUN_DIR` the folder given to `bench/reference.py --run_dir`):", ""]
     lines += [f"    {c}" for c in record["commands"]]
     lines.append("")
