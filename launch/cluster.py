@@ -35,12 +35,14 @@ class ProgressEcho(threading.Thread):
   file to this terminal."""
 
   def __init__(self, path: str):
+    """Make it before the nodes start: a resumed run's node appends to its earlier session's log,
+    and only what this session adds is echoed."""
     super().__init__(daemon=True)
     self._path, self._halt = path, threading.Event()
+    self._start = os.path.getsize(path) if os.path.exists(path) else 0
 
   def run(self):
-    # A resumed run's node appends to its earlier session's log: echo only what this one adds.
-    position = os.path.getsize(self._path) if os.path.exists(self._path) else 0
+    position = self._start
     while not self._halt.wait(0.5):
       if not os.path.exists(self._path):
         continue
@@ -236,18 +238,27 @@ def failure_report(run_dir: str) -> str:
   return "\n".join(reports) or f"the job ended with an error; see {multihost.launch_dir(run_dir)}"
 
 
+def last_checkpoint_line(run_dir: str) -> str:
+  """How a failure report names the checkpoint a resume continues from."""
+  from jrl.experiment.checkpoint import describe_latest
+  latest = describe_latest(run_dir)
+  return f"The run's last checkpoint is {latest}" if latest else "The run has no checkpoint yet"
+
+
+def hosts_flag(exp, hosts: Sequence[Host]) -> str:
+  """`--hosts` for these hosts in a printed command: names (Slurm resolves them) or, for the
+  template launcher, name=address pairs."""
+  return ",".join(f"{h.name}={h.address}" if exp.launcher == "template" else h.name for h in hosts)
+
+
 def resume_hint(exp, placement: Placement, run_dir: str):
   """The line a lost host's report ends with: the last checkpoint, and the command that continues
   the run on the other hosts."""
   def hint(lost: Sequence[str]) -> str:
-    from jrl.experiment.checkpoint import describe_latest
-    latest = describe_latest(run_dir)
-    hosts, groups = liveness.placement_without([h.name for h in placement.hosts], placement.groups, lost)
-    if exp.launcher == "template":
-      hosts = ",".join(f"{h.name}={h.address}" for h in placement.hosts if h.name not in lost)
-    kept = f"The run's last checkpoint is {latest}" if latest else "The run has no checkpoint yet"
-    return (f"{kept}; continue it on the other hosts with: python -m launch.train --resume {run_dir} "
-            f"--hosts {hosts} --placement '{groups}'")
+    _, groups = liveness.placement_without([h.name for h in placement.hosts], placement.groups, lost)
+    hosts = hosts_flag(exp, [h for h in placement.hosts if h.name not in lost])
+    return (f"{last_checkpoint_line(run_dir)}; continue it on the other hosts with: python -m launch.train "
+            f"--resume {run_dir} --hosts {hosts} --placement '{groups}'")
   return hint
 
 

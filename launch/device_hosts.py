@@ -29,6 +29,7 @@ from jrl.errors import ConfigError
 from jrl.experiment import files
 from jrl.experiment.files import SUMMARY_FILE
 from launch import cluster, liveness, multihost
+from launch.cluster import hosts_flag, last_checkpoint_line
 from launch.placement import Placement, parse_placement
 
 GROUP = "device"
@@ -64,14 +65,9 @@ def resume_hint(exp, placement: Placement, run_dir: str):
   """The line that ends a failure report: the last checkpoint, and the command that continues the
   run (on the hosts not lost)."""
   def hint(lost) -> str:
-    from jrl.experiment.checkpoint import describe_latest
-    latest = describe_latest(run_dir)
-    kept = f"The run's last checkpoint is {latest}" if latest else "The run has no checkpoint yet"
     remaining = [h for h in placement.hosts if h.name not in lost]
-    if not remaining:
-      return f"{kept}; continue it with: python -m launch.train --resume {run_dir} --hosts HOSTS"
-    hosts = ",".join(f"{h.name}={h.address}" if exp.launcher == "template" else h.name for h in remaining)
-    return f"{kept}; continue it with: python -m launch.train --resume {run_dir} --hosts {hosts}"
+    hosts = hosts_flag(exp, remaining) if remaining else "HOSTS"
+    return f"{last_checkpoint_line(run_dir)}; continue it with: python -m launch.train --resume {run_dir} --hosts {hosts}"
   return hint
 
 
@@ -119,9 +115,8 @@ def run_device_on_hosts(exp, agent_cfg) -> Dict[str, Any]:
 def process_digests(run_dir: str, processes: int) -> List[str]:
   """The final parameter digest each process reported (process 0's summary, then each
   follower's record); '' for one that wrote none."""
-  from jrl.device.runner import PROCESSES_DIR
-  paths = [os.path.join(run_dir, SUMMARY_FILE)] + [
-      os.path.join(run_dir, PROCESSES_DIR, f"p{k}", SUMMARY_FILE) for k in range(1, processes)]
+  from jrl.device.runner import process_record_dir
+  paths = [os.path.join(process_record_dir(run_dir, k), SUMMARY_FILE) for k in range(processes)]
   digests = []
   for path in paths:
     try:

@@ -137,11 +137,7 @@ class HostWatch:
     for host, (seen, since) in self._last.items():
       if host in self.lost:
         continue
-      try:
-        with open(alive_path(self._run_dir, host)) as f:
-          text = f.read()
-      except OSError:
-        text = None
+      text = self._heartbeat(host)
       if text is not None and _ended(text):
         continue  # its agent ended cleanly
       if text != seen:
@@ -159,15 +155,20 @@ class HostWatch:
     for host, (_, since) in self._last.items():
       if host in self.lost:
         continue
-      try:
-        with open(alive_path(self._run_dir, host)) as f:
-          if _ended(f.read()):
-            continue
-      except OSError:
-        pass  # never reported
-      newly.append(host)
+      text = self._heartbeat(host)
+      if text is not None and _ended(text):
+        continue
+      newly.append(host)  # killed, or never reported
       self._lose(host, now - since, how="its agent ended without its last heartbeat")
     return newly
+
+  def _heartbeat(self, host: str) -> Optional[str]:
+    """The host's heartbeat file as it is now; None if it has none."""
+    try:
+      with open(alive_path(self._run_dir, host)) as f:
+        return f.read()
+    except OSError:
+      return None
 
   def _lose(self, host: str, silent: float, how: str = "") -> None:
     nodes = self._nodes[host]

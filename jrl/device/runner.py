@@ -81,12 +81,17 @@ def first_process_decides(decision: bool) -> bool:
   return bool(multihost_utils.broadcast_one_to_all(np.int32(decision)))
 
 
+def process_record_dir(run_dir: str, process_id: int) -> str:
+  """Where process `process_id` of a device run over several processes keeps its record: the run
+  directory for the first, which writes the run; RUN_DIR/processes/p<k> for process k > 0."""
+  return run_dir if process_id == 0 else os.path.join(run_dir, PROCESSES_DIR, f"p{process_id}")
+
+
 def follower_dir(exp: ExperimentConfig) -> Optional[str]:
-  """Where process k > 0 of a device run over several processes writes its own record
-  (RUN_DIR/processes/p<k>); None for the first process, which writes the run."""
+  """This process's own record folder when it is a follower (process k > 0); None for the first."""
   if exp.process_id == 0:
     return None
-  return os.path.join(os.path.abspath(exp.resume or exp.run_dir), PROCESSES_DIR, f"p{exp.process_id}")
+  return process_record_dir(os.path.abspath(exp.resume or exp.run_dir), exp.process_id)
 
 
 def carry_from_host(leaves: List[np.ndarray], carry_shape: Carry, shardings: Carry, source: str) -> Carry:
