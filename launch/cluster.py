@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from jrl.errors import ConfigError
 from jrl.experiment.files import SUMMARY_FILE
@@ -103,25 +103,43 @@ def sbatch_script(run_dir: str, hosts: Tuple[Host, ...], job_name: str) -> str:
   return path
 
 
-def _job_state(job_id: str) -> str:
+# A job waiting for its hosts: their agents have not started.
+WAITING_STATES = ("PENDING", "CONFIGURING")
+# How long the launcher keeps asking when squeue fails (the controller busy or restarting) before
+# it gives the job up as unknown.
+SQUEUE_RETRY_SECONDS = 300.0
+
+
+def _job_state(job_id: str) -> Tuple[Optional[str], str]:
+  """(the job's state, '' once it has ended; None when squeue could not say, with its error)."""
   out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
-  return out.stdout.strip()
+  if out.returncode != 0 and "Invalid job id" not in out.stderr:  # (an ended job the controller forgot)
+    lines = out.stderr.strip().splitlines()
+    return None, lines[-1] if lines else f"squeue exited {out.returncode}"
+  return out.stdout.strip(), ""
 
 
 class _StuckWatch:
-  """When the program has stopped (its stop file) but the job or host commands have not ended:
-  after STOP_GRACE_SECONDS they are ended by force (a lost host's step waits on Slurm's own
-  node timeout, minutes; a template command on a dead host may never return)."""
+  """When the program has stopped (its stop file) but the job or host commands have not ended, they
+  are ended by force: at once when only lost hosts are left (a lost host's step waits on Slurm's
+  own node timeout, minutes; a template command on a dead host may never return), otherwise after
+  STOP_GRACE_SECONDS."""
 
-  def __init__(self, run_dir: str):
-    self._stop_file, self._since = multihost.stop_path(run_dir), None
+  def __init__(self, run_dir: str, watch: liveness.HostWatch):
+    self._stop_file, self._watch, self._since = multihost.stop_path(run_dir), watch, None
 
-  def stuck(self) -> bool:
+  def stuck(self) -> str:
+    """Why the job should be ended now; '' while it should not."""
     if not os.path.exists(self._stop_file):
-      return False
+      return ""
     if self._since is None:
       self._since = time.monotonic()
-    return time.monotonic() - self._since >= STOP_GRACE_SECONDS
+    if self._watch.lost and self._watch.others_ended():
+      return f"has only its lost hosts ({', '.join(sorted(self._watch.lost))}) left"
+    if time.monotonic() - self._since >= STOP_GRACE_SECONDS:
+      lost = f" (lost: {liveness.describe_lost(self._watch.lost)})" if self._watch.lost else ""
+      return f"is still running {STOP_GRACE_SECONDS:.0f}s after the program stopped{lost}"
+    return ""
 
 
 def run_slurm(run_dir: str, hosts: Tuple[Host, ...], job_name: str, watch: liveness.HostWatch) -> int:
@@ -135,21 +153,32 @@ def run_slurm(run_dir: str, hosts: Tuple[Host, ...], job_name: str, watch: liven
   job_id = out.stdout.strip().split(";")[0]
   print(f"[slurm] submitted job {job_id} ({len(hosts)} hosts): {script}", flush=True)
   status_file = os.path.join(multihost.launch_dir(run_dir), EXIT_STATUS_FILE)
-  stuck = _StuckWatch(run_dir)
+  stuck = _StuckWatch(run_dir, watch)
   try:
-    state = ""
+    state, unanswered_since = "", None
     while True:
-      current = _job_state(job_id)
-      if current != state and current:
-        print(f"[slurm] job {job_id} {current.lower()}", flush=True)
-      state = current or state
-      if not current:
-        break
+      current, error = _job_state(job_id)
+      if current is None:  # squeue failed: the job's state is unknown, not ended
+        if unanswered_since is None:
+          unanswered_since = time.monotonic()
+          print(f"[slurm] squeue failed ({error}); asking again", flush=True)
+        elif time.monotonic() - unanswered_since > SQUEUE_RETRY_SECONDS:
+          print(f"[slurm] squeue failed for {SQUEUE_RETRY_SECONDS:.0f}s ({error}): giving job {job_id} up",
+                flush=True)
+          break
+      else:
+        unanswered_since = None
+        if current != state and current:
+          print(f"[slurm] job {job_id} {current.lower()}", flush=True)
+        state = current
+        if not state:
+          break
+        if state not in WAITING_STATES:
+          watch.start()  # its hosts' agents are starting: from now a silent host counts
       watch.poll()
-      if stuck.stuck():
-        lost = f" (lost: {liveness.describe_lost(watch.lost)})" if watch.lost else ""
-        print(f"[slurm] job {job_id} still {current.lower()} {STOP_GRACE_SECONDS:.0f}s after the program "
-              f"stopped{lost}: cancelling it", flush=True)
+      why = stuck.stuck()
+      if why:
+        print(f"[slurm] job {job_id} {why}: cancelling it", flush=True)
         subprocess.run(["scancel", job_id], capture_output=True)
         break
       time.sleep(POLL_SECONDS)
@@ -157,7 +186,7 @@ def run_slurm(run_dir: str, hosts: Tuple[Host, ...], job_name: str, watch: liven
     print(f"[slurm] interrupted: cancelling job {job_id}", flush=True)
     multihost.RequestStop(multihost.stop_path(run_dir))()
     subprocess.run(["scancel", job_id])
-    while _job_state(job_id):
+    while _job_state(job_id)[0]:  # (or squeue cannot say)
       time.sleep(POLL_SECONDS)
     raise
   if not os.path.exists(status_file):
@@ -175,14 +204,15 @@ def run_template(run_dir: str, hosts: Tuple[Host, ...], template: str, watch: li
     procs.append((subprocess.Popen(line, shell=True, stdout=log, stderr=subprocess.STDOUT, start_new_session=True),
                   log))
     print(f"[template] {host.name}: {line}", flush=True)
-  stuck = _StuckWatch(run_dir)
+  watch.start()
+  stuck = _StuckWatch(run_dir, watch)
   try:
     while any(p.poll() is None for p, _ in procs):
       watch.poll()
-      if stuck.stuck():
+      why = stuck.stuck()
+      if why:
         names = [h.name for h, (p, _) in zip(hosts, procs) if p.poll() is None]
-        print(f"[template] {', '.join(names)} still running {STOP_GRACE_SECONDS:.0f}s after the program stopped: "
-              "ending their commands", flush=True)
+        print(f"[template] the job {why}: ending the commands of {', '.join(names)}", flush=True)
         for p, _ in procs:
           if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)

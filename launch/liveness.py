@@ -4,9 +4,11 @@ follows from it.
 Every host agent (`launch.host`) rewrites `RUN_DIR/launch/alive/HOST` every `HEARTBEAT_SECONDS`
 (the run directory is shared by every host). The launcher's `HostWatch` judges each heartbeat by
 when *it* last saw the file change, on its own monotonic clock, so the hosts' clocks need not
-agree. A host silent for `deadline` seconds (`--host_deadline_seconds`; one that never reported,
-from the watch's start) is lost, and so is, when the job ends, a host whose agent ended without its
-last word (`HostWatch.settle`: killed before its silence reached the deadline):
+agree. A host silent for `deadline` seconds (`--host_deadline_seconds`) is lost; so is one that has
+not reported `max(deadline, FIRST_HEARTBEAT_SECONDS)` after the hosts started (`HostWatch.start`:
+the Slurm job runs, or the template's commands were started; a job waiting in the queue loses no
+host); and so is, when the job ends, a host whose agent ended without its last word
+(`HostWatch.settle`: killed before its silence reached the deadline):
 
 - its nodes are recorded in `RUN_DIR/launch/lost_hosts.json` (the evaluator's progress lines and
   metric rows, and the run's summary, read it);
@@ -31,6 +33,9 @@ from jrl.experiment.files import write_json
 from launch import multihost
 
 HEARTBEAT_SECONDS = 2.0
+# An agent's first heartbeat follows its start by Python's and the stack's imports, which on a
+# cluster's cold shared filesystem can take a minute; a later silence has only the deadline.
+FIRST_HEARTBEAT_SECONDS = 120.0
 ALIVE_DIR, LOST_FILE = multihost.ALIVE_DIR, multihost.LOST_FILE
 # Groups whose nodes the run can do without: an actor's loss costs throughput, not the run.
 EXPENDABLE_GROUPS = ("actor",)
@@ -119,12 +124,20 @@ class HostWatch:
   often; it returns the hosts newly found lost."""
 
   def __init__(self, run_dir: str, plan: Dict, deadline: float, resume_hint: Callable[[Sequence[str]], str],
-               log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic):
+               log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic,
+               first_heartbeat: float = FIRST_HEARTBEAT_SECONDS):
     self._run_dir, self._deadline, self._hint, self._log, self._clock = run_dir, deadline, resume_hint, log, clock
+    self._first_deadline = max(deadline, first_heartbeat)
     self._nodes = {host: [node["title"] for node in entry["nodes"]] for host, entry in plan["hosts"].items()}
-    started = clock()
-    self._last: Dict[str, Tuple[Optional[str], float]] = {host: (None, started) for host in self._nodes}
+    # Per host: the heartbeat text last seen and when the watch saw it change (None: not yet).
+    self._last: Dict[str, Tuple[Optional[str], Optional[float]]] = {host: (None, None) for host in self._nodes}
+    self._started: Optional[float] = None
     self.lost: Dict[str, Dict] = {}
+
+  def start(self) -> None:
+    """The hosts' agents are starting: from now on a host that has not reported is counted silent."""
+    if self._started is None:
+      self._started = self._clock()
 
   @property
   def essential_lost(self) -> bool:
@@ -133,6 +146,8 @@ class HostWatch:
   def poll(self) -> List[str]:
     if os.path.exists(multihost.stop_path(self._run_dir)):
       return []  # the program is stopping: its agents end, and their silence is no loss
+    if self._started is None:
+      return []  # the job waits in the queue: no agent could have reported
     now, newly = self._clock(), []
     for host, (seen, since) in self._last.items():
       if host in self.lost:
@@ -142,9 +157,12 @@ class HostWatch:
         continue  # its agent ended cleanly
       if text != seen:
         self._last[host] = (text, now)
-      elif now - since >= self._deadline:
+      elif since is not None and now - since >= self._deadline:
         newly.append(host)
         self._lose(host, now - since)
+      elif since is None and now - self._started >= self._first_deadline:
+        newly.append(host)
+        self._lose(host, now - self._started, how=f"no heartbeat in the {now - self._started:.0f}s since the hosts started")
     return newly
 
   def settle(self) -> List[str]:
@@ -159,8 +177,14 @@ class HostWatch:
       if text is not None and _ended(text):
         continue
       newly.append(host)  # killed, or never reported
-      self._lose(host, now - since, how="its agent ended without its last heartbeat")
+      silent = now - (since if since is not None else self._started if self._started is not None else now)
+      self._lose(host, silent, how="its agent ended without its last heartbeat")
     return newly
+
+  def others_ended(self) -> bool:
+    """Whether every host not lost has ended cleanly (its agent's last word)."""
+    return all(host in self.lost or ((text := self._heartbeat(host)) is not None and _ended(text))
+               for host in self._nodes)
 
   def _heartbeat(self, host: str) -> Optional[str]:
     """The host's heartbeat file as it is now; None if it has none."""

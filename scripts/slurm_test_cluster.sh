@@ -88,6 +88,8 @@ AccountingStorageType=accounting_storage/none
 MpiDefault=none
 SlurmdParameters=config_overrides
 MailProg=/bin/true
+# A cancelled job's steps get SIGKILL 5 s after SIGTERM (Slurm's default waits 30 s): the tests wait less.
+KillWait=5
 ReturnToService=2
 NodeName=node[1-$HOSTS] NodeAddr=10.200.0.[1-$HOSTS] NodeHostname=node[1-$HOSTS] CPUs=4 RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP

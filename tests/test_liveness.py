@@ -32,6 +32,7 @@ def test_a_silent_actor_host_is_lost_after_the_deadline_and_the_run_goes_on(tmp_
   run_dir, clock, said = str(tmp_path), Clock(), []
   watch = liveness.HostWatch(run_dir, PLAN, deadline=30, resume_hint=lambda lost: "HINT", log=said.append,
                              clock=clock)
+  watch.start()
   for second in range(0, 60, 2):
     clock.now = 100.0 + second
     for host in ("node1", "node2") + (("node3",) if second < 10 else ()):
@@ -54,18 +55,62 @@ def test_a_lost_learner_host_stops_the_program_with_its_report(tmp_path):
   os.makedirs(multihost.launch_dir(run_dir))
   watch = liveness.HostWatch(run_dir, PLAN, deadline=30, resume_hint=lambda lost: f"resume without {lost}",
                              log=said.append, clock=clock)
+  watch.start()
+  _beat(run_dir, "node1", 0)
   _beat(run_dir, "node2", 0)
   _beat(run_dir, "node3", 0)
   watch.poll()
-  clock.now += 29.9
-  assert watch.poll() == []  # node1 never reported: counted from the watch's start
-  clock.now += 0.1
-  assert watch.poll() == ["node1", "node2", "node3"]  # the others were silent as long
+  clock.now += 20
+  _beat(run_dir, "node2", 1)  # node2 and node3 beat on; node1 is silent from here
+  _beat(run_dir, "node3", 1)
+  assert watch.poll() == []
+  clock.now += 10
+  assert watch.poll() == ["node1"]  # 30 s since its last change was seen
   assert watch.essential_lost and os.path.exists(multihost.stop_path(run_dir))
   report = open(multihost.failure_path(run_dir, "node1")).read().strip()
   assert report.startswith("host node1 lost (no heartbeat for 30s): it ran replay/0, learner/0, which the run "
                            "cannot do without; the program stopped.")
   assert report.endswith("resume without ['node1']")
+  clock.now += 100
+  assert watch.poll() == []  # the program is stopping: the others' silence is no loss
+
+
+def test_a_queued_job_loses_no_host_and_a_host_gets_longer_for_its_first_heartbeat(tmp_path):
+  # A Slurm job can wait in the queue for hours, and an agent's first heartbeat follows its
+  # imports: neither is a host's loss. A watch started late once lost every host (CI saw a host
+  # declared lost before its first heartbeat).
+  run_dir, clock, said = str(tmp_path), Clock(), []
+  os.makedirs(multihost.launch_dir(run_dir))
+  watch = liveness.HostWatch(run_dir, PLAN, deadline=30, resume_hint=lambda lost: f"resume without {lost}",
+                             log=said.append, clock=clock, first_heartbeat=90)
+  for _ in range(10):  # the job waits in the queue for 1000 s
+    clock.now += 100
+    assert watch.poll() == []
+  watch.start()  # the job runs
+  clock.now += 60
+  _beat(run_dir, "node2", 0)
+  _beat(run_dir, "node3", 0)
+  assert watch.poll() == []  # node1 has not reported yet: 60 s of its 90
+  clock.now += 29.9
+  _beat(run_dir, "node2", 1)
+  _beat(run_dir, "node3", 1)
+  assert watch.poll() == []
+  clock.now += 0.1
+  assert watch.poll() == ["node1"]
+  report = open(multihost.failure_path(run_dir, "node1")).read().strip()
+  assert report.startswith("host node1 lost (no heartbeat in the 90s since the hosts started): it ran replay/0, "
+                           "learner/0, which the run cannot do without"), report
+  assert report.endswith("resume without ['node1']")
+  # The first heartbeat's allowance is never shorter than the deadline.
+  other_run = str(tmp_path / "other")
+  os.makedirs(multihost.launch_dir(other_run))
+  watch = liveness.HostWatch(other_run, PLAN, deadline=200, resume_hint=str, log=said.append, clock=clock,
+                             first_heartbeat=90)
+  watch.start()
+  clock.now += 199.9
+  assert watch.poll() == []
+  clock.now += 0.1
+  assert watch.poll() == ["node1", "node2", "node3"]
 
 
 def test_placement_without_the_lost_hosts():
@@ -79,6 +124,7 @@ def test_an_agent_that_ended_or_a_stopping_program_loses_no_host(tmp_path):
   run_dir, clock = str(tmp_path), Clock()
   os.makedirs(multihost.launch_dir(run_dir))
   watch = liveness.HostWatch(run_dir, PLAN, deadline=30, resume_hint=str, log=lambda line: None, clock=clock)
+  watch.start()
   beat = liveness.Heartbeat(run_dir, "node2", every=0.05)
   beat.start()
   beat.stop()  # its agent ended cleanly: the last word says so
@@ -98,6 +144,7 @@ def test_a_host_killed_shortly_before_the_end_is_lost_when_the_job_ends(tmp_path
   run_dir, clock, said = str(tmp_path), Clock(), []
   os.makedirs(multihost.launch_dir(run_dir))
   watch = liveness.HostWatch(run_dir, PLAN, deadline=30, resume_hint=str, log=said.append, clock=clock)
+  watch.start()
   for host in PLAN["hosts"]:
     _beat(run_dir, host, 0)
   watch.poll()
