@@ -115,13 +115,20 @@ def test_deterministic_run_killed_and_resumed_equals_the_uninterrupted_run(tmp_p
   assert _metric_values(run_dir) == _metric_values(reference["run_dir"])
 
 
+# The last session: 2,500 env steps past the last checkpoint (slow tier, CI), or on to the
+# threshold (long tier, `make test-long`: about a minute more of learning).
+LAST_SESSIONS = [pytest.param(False, id="kills"), pytest.param(True, id="to-threshold", marks=pytest.mark.long)]
+
+
 @pytest.mark.slow
 @pytest.mark.needs_reverb
-def test_reverb_run_survives_sigkill_at_random_instants_and_reaches_the_threshold(tmp_path):
+@pytest.mark.parametrize("to_threshold", LAST_SESSIONS)
+def test_reverb_run_survives_sigkill_at_random_instants_and_reaches_the_threshold(tmp_path, to_threshold):
   """Five SIGKILLs, alternately while a checkpoint is being written and at a random
   moment after one was committed; after each, every checkpoint left restores and the
-  counters never went back. The last session, resumed with --stop_at_threshold, finishes the
-  budget (the threshold, or 100k env steps); DQN still solves CartPole."""
+  counters never went back. The last session finishes from the last checkpoint: 2,500 env
+  steps more, or, resumed with --stop_at_threshold, the budget (the threshold, or 100k env
+  steps), where DQN still solves CartPole."""
   rng = np.random.default_rng(0)
   run_dir = str(tmp_path / "survivor")
   checkpoints = os.path.join(run_dir, "checkpoints")
@@ -155,12 +162,16 @@ def test_reverb_run_survives_sigkill_at_random_instants_and_reaches_the_threshol
     assert after["actor_steps"] >= before["actor_steps"] and after["learner_steps"] >= before["learner_steps"]
   assert history and history[-1]["actor_steps"] > 0
 
-  final = subprocess.run([sys.executable, "-m", "launch.train", "--resume", run_dir, "--stop_at_threshold"],
+  until = ["--stop_at_threshold"] if to_threshold else ["--steps", str(int(history[-1]["actor_steps"]) + 2500)]
+  final = subprocess.run([sys.executable, "-m", "launch.train", "--resume", run_dir, *until],
                          cwd=ROOT, text=True, capture_output=True, timeout=900)
   assert final.returncode == 0, final.stderr[-3000:]
   summary = json.load(open(os.path.join(run_dir, "summary.json")))
   assert summary["actor_steps"] >= history[-1]["actor_steps"] and summary["learner_steps"] >= history[-1]["learner_steps"]
-  assert summary["steps_to_threshold"] is not None and summary["best_eval_return"] >= 475.0, summary
+  if to_threshold:
+    assert summary["steps_to_threshold"] is not None and summary["best_eval_return"] >= 475.0, summary
+  else:
+    assert summary["resumed"] and summary["actor_steps"] >= history[-1]["actor_steps"] + 2500, summary
   steps = [float(r["actor_steps"]) for r in csv.DictReader(open(os.path.join(run_dir, "metrics", "actor.csv")))]
   assert steps == sorted(set(steps)), "metric rows repeated or went back across resumes"
 

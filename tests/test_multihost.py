@@ -75,7 +75,7 @@ def _train(args, env, timeout=900, cwd=ROOT):
 
 # The three-host program: the same wiring checked on a short budget (slow tier, CI), and learning to
 # the threshold (long tier, `make test-long`: a run of many minutes).
-THREE_HOST_RUNS = [pytest.param(8_000, False, id="short"),
+THREE_HOST_RUNS = [pytest.param(4_000, False, id="short"),
                    pytest.param(100_000, True, id="to-threshold", marks=pytest.mark.long)]
 
 
