@@ -31,7 +31,7 @@ import platform
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -112,7 +112,9 @@ def commit() -> str:
 def write_results(agent: str, steps: int, rows: List[Dict[str, Any]], commands: List[str]) -> str:
   """The agent's record at this budget, with these games' rows (and commands) replacing theirs
   in the record already there when it was measured with the same settings: the games of a
-  budget can be measured in separate sessions. Each row keeps its own date and commit."""
+  budget can be measured in separate sessions. Each row keeps its own date and commit; a run the
+  sweep reused (a seed finished in an earlier session, the same returns and steps) keeps its
+  row's date, commit and sweep wall time."""
   os.makedirs(RESULTS_DIR, exist_ok=True)
   path = os.path.join(RESULTS_DIR, f"reference-{agent}-{steps}.json")
   today, at = datetime.date.today().isoformat(), commit()
@@ -121,6 +123,8 @@ def write_results(agent: str, steps: int, rows: List[Dict[str, Any]], commands: 
     with open(path) as f:
       old = json.load(f)
     if old.get("settings") == SETTINGS[agent]:
+      earlier = {(row["game"], row["seed"]): row for row in old["runs"]}
+      rows = [_as_measured(row, earlier.get((row["game"], row["seed"]))) for row in rows]
       games = {row["game"] for row in rows}
       kept = [dict(row, date=row.get("date", old["date"]), commit=row.get("commit", old["commit"]))
               for row in old["runs"] if row["game"] not in games]
@@ -135,6 +139,17 @@ def write_results(agent: str, steps: int, rows: List[Dict[str, Any]], commands: 
   with open(path, "w") as f:
     json.dump(record, f, indent=1)
   return path
+
+
+def _as_measured(row: Dict[str, Any], earlier: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+  """A row of this sweep; where it is a run reused from an earlier session's row, when and at
+  what commit and sweep wall time that run was measured."""
+  same_run = earlier is not None and earlier.get("complete") and all(
+      earlier.get(key) == row.get(key) for key in ("final", "best", "env_steps", "run_wall_seconds"))
+  if not same_run:
+    return row
+  return dict(row, **{key: earlier[key] for key in ("date", "commit", "sweep_wall_seconds", "runs_in_sweep")
+                      if key in earlier})
 
 
 # ----------------------------------------------------------------------------- the table
@@ -159,9 +174,9 @@ def render_table(records: List[Dict[str, Any]]) -> str:
            "the seeds with a 95% bootstrap CI (rliable, 20,000 resamples; with three seeds the IQM is the",
            "mean). The published values are read from the sources' learning curves, which average",
            "training or test episodes rather than a greedy policy's: the comparison is indicative.",
-           "Wall times are the whole sweep's (start to exit, compilation included); a run's share of",
-           "the machine is that over the runs of the sweep (vmapped seeds share one program; DQN runs",
-           "two at a time, a core each).", ""]
+           "Wall times are the whole sweep's (start to exit, compilation included; summed where a",
+           "game's seeds ran in more than one sweep); a run's share of the machine is that over the",
+           "runs of the sweep (vmapped seeds share one program; DQN runs two at a time, a core each).", ""]
   for record in sorted(records, key=lambda r: (r["agent"], r["steps"])):
     agent, steps = record["agent"], record["steps"]
     published = PUBLISHED[agent]["at"].get(steps, {})
@@ -183,7 +198,9 @@ def render_table(records: List[Dict[str, Any]]) -> str:
       bests = [r["best"] for r in ok]
       ref = published.get(game)
       ratio = f"{sum(finals) / len(finals) / ref:.2f}" if finals and ref else "-"
-      sweep_wall = rows[0]["sweep_wall_seconds"]
+      # A game's seeds may have run in several sweeps (sessions): their walls add up.
+      sweep_wall = sum(wall for _, _, wall in {(r.get("date"), r.get("commit"), r["sweep_wall_seconds"])
+                                               for r in rows})
       # A sweep's machine time went to the runs that completed (a run not completed never started).
       lines.append(f"| {GAMES[game]} | `{rows[0]['env']}` | {len(ok)}/{len(rows)} | {_estimate(finals)} | "
                    f"{_estimate(bests)} | {ref if ref is not None else '-'} | {ratio} | {sweep_wall:.0f} | "
