@@ -12,15 +12,17 @@ folder under --run_dir). The agents run the way their published anchors were mea
   its learning-rate warm-up is not reproduced) on gymnax's MinAtar ports, through the device
   backend with the three seeds in one vmapped program (gymnax-blines trained on those ports too).
 - DQN: the MinAtar paper's environment (the `minatar` package: sticky actions 0.1) through the
-  embedded runner, two seeds at a time (`--parallel 2`), with the settings of docs/agents/dqn.md
-  (MinAtar's small CNN, replay 100k, target period 1000, epsilon to 0.1 over 100k steps); the
-  paper trains every step on 32 samples (a sample/insert ratio of 32), this runs 8.
+  embedded runner, two seeds at a time, each pinned to a core of its own with XLA on one thread
+  (`--parallel 2 --one_core_each`: on 2 cores about twice the updates/s of two runs sharing them),
+  with the settings of docs/agents/dqn.md (MinAtar's small CNN, replay 100k, target period 1000,
+  epsilon 1 to 0.05 over 100k steps); the paper trains every step on 32 samples (a sample/insert
+  ratio of 32), this runs 8.
 
 Scores are greedy evaluations (`--eval_episodes 32` every `--eval_every` steps): the final one
 and the best over the run. The published values are read from the papers' learning curves at
 the same budget (they are curves' averages, not greedy evaluations: the comparison is indicative).
-Each finished agent's per-run rows go to docs/results/reference-<agent>.json (date, commit,
-machine, command), from which docs/results.md is rebuilt.
+Each finished game's per-run rows go to docs/results/reference-<agent>-<steps>.json (date, commit,
+machine, command) as soon as its sweep ends, and docs/results.md is rebuilt from them.
 """
 
 import argparse
@@ -63,13 +65,17 @@ SETTINGS = {
 }
 
 
+# How each agent's sweeps run on the machine (not part of the settings a record is compared by).
+EXECUTION = {"ppo": [], "dqn": ["--one_core_each"]}
+
+
 def run_sweep(agent: str, game: str, args, run_root: str) -> Dict[str, Any]:
   """One agent on one game over the seeds: the sweep's command, wall time and folder."""
   settings = SETTINGS[agent]
   env = settings["env"].format(name=GAMES[game])
   folder = os.path.join(run_root, f"{agent}-{game}")
   command = [sys.executable, "-m", "launch.sweep", "--agent", agent, "--env", env, "--seeds", args.seeds,
-             "--run_dir", folder, "--parallel", str(settings["parallel"]), "--steps", str(args.steps),
+             "--run_dir", folder, "--parallel", str(settings["parallel"]), *EXECUTION[agent], "--steps", str(args.steps),
              "--eval_every", str(args.eval_every), "--eval_episodes", "32", "--progress_seconds", "60",
              *settings["flags"]]
   print(f"[reference] {agent} on {env}: {' '.join(command[1:])}", flush=True)
@@ -245,12 +251,10 @@ def main():
     run_root = os.path.abspath(args.run_dir or os.path.join(
         "runs", "reference-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")))
     for agent in (list(SETTINGS) if args.agent == "all" else [args.agent]):
-      rows, commands = [], []
-      for game in games:
+      for game in games:  # each game's rows are written as its sweep ends: a long run shows as it goes
         sweep = run_sweep(agent, game, args, run_root)
-        rows += collect(agent, game, sweep)
-        commands.append(sweep["command"])
-      print(f"[reference] {agent}: {write_results(agent, args.steps, rows, commands)}", flush=True)
+        path = write_results(agent, args.steps, collect(agent, game, sweep), [sweep["command"]])
+        print(f"[reference] {agent} on {game}: {path}; {rebuild_page()}", flush=True)
   print(f"[reference] {rebuild_page()}", flush=True)
 
 

@@ -14,6 +14,12 @@ own parser before any seed starts. Exit status: 0 when every seed finished, 1 wh
 With `--backend device` every seed runs in this process, in one compiled program (the device
 loop vmapped over seeds: `jrl.device.sweep`), into the same run directories; `--one_by_one`
 runs them as separate launch.train processes instead.
+
+`--one_core_each` pins each of the K runs at once to a core of its own, with XLA's CPU backend on
+one thread and its whole-program (legacy) runtime (ONE_CORE_XLA_FLAGS). On a CPU machine, small
+networks' updates spread over every core spend more in thread hand-offs than they gain, so K
+pinned runs on K cores do more in all than K runs sharing them (bench/sweep_cores.py measures it).
+Pinning changes the float reduction order: a pinned run is not bitwise the same as an unpinned one.
 """
 
 import argparse
@@ -31,6 +37,10 @@ from launch.cli import OneLineParser, build_config, fail, given_fields
 PROG = "python -m launch.sweep"
 _OWNED = ("seed", "run_dir", "resume")  # set by the sweep for each seed
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# XLA's CPU settings of a run pinned to one core (--one_core_each): one thread, no Eigen thread
+# pool, and the whole-program runtime (MinAtar's conv update: 4.5 -> 2.8 ms on one core).
+ONE_CORE_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1 " \
+                     "--xla_cpu_use_thunk_runtime=false"
 
 
 class Job(NamedTuple):
@@ -59,6 +69,8 @@ def parse_args(argv: Sequence[str]):
   parser.add_argument("--seeds", required=True, help="seeds: 0-4, 0,2,5, 3 or 0-2,7")
   parser.add_argument("--run_dir", default="", help="sweep folder (default runs/sweep-<agent>-<env>-<time>)")
   parser.add_argument("--parallel", type=int, default=1, help="seeds run at once (default 1)")
+  parser.add_argument("--one_core_each", action="store_true",
+                      help="pin each of the --parallel runs to a core of its own, XLA on one thread (CPU machines)")
   parser.add_argument("--reps", type=int, default=sweep_report.DEFAULT_REPS,
                       help=f"bootstrap resamples of the IQM/mean CIs (default {sweep_report.DEFAULT_REPS})")
   parser.add_argument("--bootstrap_seed", type=int, default=0, help="seed of the bootstrap (default 0)")
@@ -91,6 +103,14 @@ def parse_args(argv: Sequence[str]):
     if args.vmapped and args.parallel != 1:
       raise ConfigError("parallel", "--backend device runs every seed in one vmapped program; "
                                     "add --one_by_one to run them as processes")
+    if args.one_core_each:
+      if args.vmapped:
+        raise ConfigError("one_core_each", "pins the runs of --parallel to cores; a vmapped device sweep is one "
+                                           "process (add --one_by_one to run the seeds as processes)")
+      cores = usable_cores()
+      if args.parallel > len(cores):
+        raise ConfigError("one_core_each", f"--parallel {args.parallel} runs need as many cores; this process may "
+                                           f"use {len(cores)}")
     if args.vmapped:
       from jrl.device.sweep import check_one_process
       from jrl.gymnax_envs import GymnaxVecEnv
@@ -211,17 +231,33 @@ def plan(agent: str, env: str, runs: Sequence[tuple], sweep_dir: str, train_argv
   return jobs
 
 
-class _Child:
-  """One seed's subprocess; a thread copies its output to the log and to our stdout."""
+def usable_cores() -> List[int]:
+  """The CPU cores this process may run on."""
+  try:
+    return sorted(os.sched_getaffinity(0))
+  except AttributeError:  # not Linux
+    return list(range(os.cpu_count() or 1))
 
-  def __init__(self, job: Job, log_path: str, env: Dict[str, str]):
-    self.job = job
+
+def one_core_env(env: Dict[str, str]) -> Dict[str, str]:
+  """`env` for a run pinned to one core: ONE_CORE_XLA_FLAGS after the user's own XLA_FLAGS."""
+  return dict(env, XLA_FLAGS=" ".join(f for f in (env.get("XLA_FLAGS", ""), ONE_CORE_XLA_FLAGS) if f))
+
+
+class _Child:
+  """One seed's subprocess (on `core` alone, if given); a thread copies its output to the log and to
+  our stdout."""
+
+  def __init__(self, job: Job, log_path: str, env: Dict[str, str], core: Optional[int] = None):
+    self.job, self.core = job, core
     self.started = time.monotonic()
     self.error_line = ""
     self.last_line = ""
     self._log = open(log_path, "w")
+    pin = None if core is None else (lambda: os.sched_setaffinity(0, {core}))  # in the child, before exec
     self.process = subprocess.Popen(job.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    bufsize=1, env=env)
+                                    bufsize=1, env=one_core_env(env) if core is not None else env,
+                                    preexec_fn=pin)
     self._reader = threading.Thread(target=self._copy, name=f"sweep-s{job.seed}", daemon=True)
     self._reader.start()
 
@@ -252,19 +288,23 @@ class _Child:
     return Outcome(self.job.seed, self.job.name, code, seconds, error, self.job.point)
 
 
-def run_jobs(jobs: Sequence[Job], parallel: int, log_dir: str, on_done) -> List[Outcome]:
-  """Runs the jobs, at most `parallel` at once, calling `on_done(outcome)` as each ends."""
+def run_jobs(jobs: Sequence[Job], parallel: int, log_dir: str, on_done, one_core_each: bool = False) -> List[Outcome]:
+  """Runs the jobs, at most `parallel` at once (each on a free core of its own with
+  `one_core_each`), calling `on_done(outcome)` as each ends."""
   os.makedirs(log_dir, exist_ok=True)
   env = dict(os.environ)
   env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH", "")) if p)
   pending, running, outcomes = list(jobs), [], []
+  cores = usable_cores()[:parallel] if one_core_each else []
   try:
     while pending or running:
       while pending and len(running) < parallel:
         job = pending.pop(0)
-        print(f"[sweep] seed {job.seed}: started ({len(outcomes) + len(running) + 1}/{len(jobs)}), "
+        core = next(c for c in cores if c not in {r.core for r in running}) if one_core_each else None
+        on = f" on core {core}" if core is not None else ""
+        print(f"[sweep] seed {job.seed}: started ({len(outcomes) + len(running) + 1}/{len(jobs)}){on}, "
               f"log {os.path.join(log_dir, job.name + '.log')}", flush=True)
-        running.append(_Child(job, os.path.join(log_dir, job.name + ".log"), env))
+        running.append(_Child(job, os.path.join(log_dir, job.name + ".log"), env, core))
       time.sleep(0.2)
       for child in [c for c in running if c.process.poll() is not None]:
         running.remove(child)
@@ -304,7 +344,7 @@ def run_vmapped(args, jobs: Sequence[Job], on_done) -> None:
 
 def sweep_record(args, train_argv: Sequence[str], outcomes: Sequence[Outcome]) -> Dict:
   return {"agent": args.agent, "env": args.env, "seeds": args.seed_list, "grid": args.grid, "train_args": list(train_argv),
-          "parallel": args.parallel,
+          "parallel": args.parallel, "one_core_each": args.one_core_each,
           "runs": [{"seed": o.seed, "run_dir": o.name, "status": "ok" if o.returncode == 0 else "failed",
                     "returncode": o.returncode, "wall_seconds": round(o.seconds, 2), "error": o.error,
                     **({"point": o.point} if o.point else {})}
@@ -317,7 +357,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   from jrl.experiment.files import write_json
   os.makedirs(args.run_dir, exist_ok=True)
   jobs = plan(args.agent, args.env, [r for r in args.runs if r not in args.reused], args.run_dir, train_argv)
-  at_once = "all in one vmapped program" if args.vmapped else f"{args.parallel} at a time"
+  at_once = "all in one vmapped program" if args.vmapped else \
+      f"{args.parallel} at a time{', a core each' if args.one_core_each else ''}"
   points = f" x {len(args.points)} grid points" if args.points != [None] else ""
   print(f"[sweep] {args.agent} on {args.env}: {len(args.seed_list)} seeds ({args.seeds}){points}, {at_once}, "
         f"into {args.run_dir}", flush=True)
@@ -343,7 +384,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.vmapped:
       run_vmapped(args, jobs, on_done)
     else:
-      run_jobs(jobs, args.parallel, os.path.join(args.run_dir, "logs"), on_done)
+      run_jobs(jobs, args.parallel, os.path.join(args.run_dir, "logs"), on_done, args.one_core_each)
   except KeyboardInterrupt:
     print(f"{PROG}: interrupted; finished seeds are in {record_path}; "
           f"python -m launch.report {args.run_dir} reports on them", file=sys.stderr)

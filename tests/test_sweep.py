@@ -212,6 +212,9 @@ def test_bad_seeds_exit_2_with_one_line_and_run_nothing(tmp_path):
     (["--seeds", "0-1", "--stepz", "5"], "--stepz"), (["--seeds", "0-1", "--seed", "4"], "seed"),
     (["--seeds", "0-1", "--steps", "0"], "steps"), (["--seeds", "0-1", "--parallel", "0"], "parallel"),
     (["--seeds", "0-1", "--env", "NoSuchEnv-v0"], "env"),
+    (["--seeds", "0-2", "--parallel", str(len(sweep.usable_cores()) + 1), "--one_core_each"], "one_core_each"),
+    (["--seeds", "0-2", "--backend", "device", "--env", "gymnax:CartPole-v1", "--agent", "ppo", "--one_core_each"],
+     "one_core_each"),
 ])
 def test_bad_input_is_caught_before_any_seed_runs(tmp_path, capsys, args, field):
   out = tmp_path / "sweep"
@@ -246,3 +249,23 @@ def test_importing_and_reporting_leave_matplotlib_alone(dqn_sweep, tmp_path):
           "assert backend() == before, (before, backend()); print('ok')")
   proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, text=True, capture_output=True, timeout=120)
   assert proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def test_one_core_each_pins_every_run_to_a_free_core_of_its_own_with_xla_on_one_thread(tmp_path, monkeypatch):
+  # Three jobs, two at a time, each a real process that reports where it may run and its XLA flags.
+  monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/nowhere")  # the user's own flags are kept, ours after them
+  report = ("import json, os, sys, time; time.sleep(0.5); "
+            "print(json.dumps([sorted(os.sched_getaffinity(0)), os.environ['XLA_FLAGS']]))")
+  jobs = [sweep.Job(seed, f"s{seed}", [sys.executable, "-c", report]) for seed in range(3)]
+  ended = []
+  outcomes = sweep.run_jobs(jobs, 2, str(tmp_path / "logs"), ended.append, one_core_each=True)
+  assert [o.returncode for o in outcomes] == [0, 0, 0]
+  seen = {}
+  for seed in range(3):
+    cores, flags = json.loads(open(tmp_path / "logs" / f"s{seed}.log").read().strip().splitlines()[-1])
+    seen[seed] = cores
+    assert flags == "--xla_dump_to=/nowhere " + sweep.ONE_CORE_XLA_FLAGS
+  usable = sweep.usable_cores()
+  assert all(len(cores) == 1 and cores[0] in usable[:2] for cores in seen.values()), seen
+  if len(usable) >= 2:
+    assert seen[0] != seen[1]  # the first two ran at once: a core each
