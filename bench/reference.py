@@ -32,6 +32,7 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Dict, List, Optional
 
@@ -53,40 +54,75 @@ PUBLISHED: Dict[str, Dict[str, Any]] = {
 }
 
 SETTINGS = {
-    "ppo": {"env": "gymnax:{name}-MinAtar", "parallel": 1,
+    "ppo": {"env": "gymnax:{name}-MinAtar",
             "flags": ["--backend", "device", "--num_envs", "64", "--batch_size", "64", "--sequence_length", "128",
                       "--num_minibatches", "8", "--num_epochs", "4", "--learning_rate", "5e-4", "--discount", "0.999",
                       "--gae_lambda", "0.95", "--entropy_cost", "0.01", "--max_grad_norm", "0.5",
                       "--hidden_sizes", "256,256", "--torso", "mlp"]},
-    "dqn": {"env": "MinAtar/{name}-v1", "parallel": 2,
+    "dqn": {"env": "MinAtar/{name}-v1",
             "flags": ["--num_envs", "8", "--batch_size", "32", "--samples_per_insert", "8", "--updates_per_call", "8",
                       "--learning_rate", "3e-4", "--min_replay_size", "5000", "--max_replay_size", "100000",
                       "--epsilon_decay_steps", "100000", "--target_update_period", "1000"]},
 }
 
 
-# How each agent's sweeps run on the machine (not part of the settings a record is compared by).
-EXECUTION = {"ppo": [], "dqn": ["--one_core_each"]}
+# How each agent's sweeps share the machine (not part of the settings a record is compared by):
+# `lanes` games at once, each lane a core of its own running its game's seeds one after another
+# (`--one_core_each`: XLA on one thread), or one game at a time on the whole machine.
+EXECUTION = {"ppo": {"lanes": 1, "flags": []}, "dqn": {"lanes": 2, "flags": ["--one_core_each"]}}
 
 
-def run_sweep(agent: str, game: str, args, run_root: str) -> Dict[str, Any]:
-  """One agent on one game over the seeds: the sweep's command, wall time and folder."""
-  settings = SETTINGS[agent]
+def run_sweep(agent: str, game: str, args, run_root: str, core: Optional[int] = None) -> Dict[str, Any]:
+  """One agent on one game over the seeds (on `core` alone, if given): the sweep's command, wall
+  time and folder."""
+  settings, lanes = SETTINGS[agent], EXECUTION[agent]["lanes"]
   env = settings["env"].format(name=GAMES[game])
   folder = os.path.join(run_root, f"{agent}-{game}")
   command = [sys.executable, "-m", "launch.sweep", "--agent", agent, "--env", env, "--seeds", args.seeds,
-             "--run_dir", folder, "--parallel", str(settings["parallel"]), *EXECUTION[agent], "--steps", str(args.steps),
+             "--run_dir", folder, *EXECUTION[agent]["flags"], "--steps", str(args.steps),
              "--eval_every", str(args.eval_every), "--eval_episodes", "32", "--progress_seconds", "60",
              *settings["flags"]]
-  print(f"[reference] {agent} on {env}: {' '.join(command[1:])}", flush=True)
+  print(f"[reference] {agent} on {env}{f' (core {core})' if core is not None else ''}: {' '.join(command[1:])}",
+        flush=True)
   measured = {"date": datetime.date.today().isoformat(), "commit": commit()}  # the code the sweep runs
   start = time.monotonic()
-  done = subprocess.run(command, cwd=ROOT)
+  # The sweep runs where it may: on its lane's core (its --one_core_each pins its runs there).
+  pin = None if core is None else (lambda: os.sched_setaffinity(0, {core}))
+  done = subprocess.run(command, cwd=ROOT, preexec_fn=pin)
   wall = time.monotonic() - start
   if done.returncode != 0:
     print(f"[reference] {agent} on {env}: the sweep exited {done.returncode}", flush=True)
   return {**measured, "env": env, "folder": folder, "wall_seconds": round(wall, 1), "returncode": done.returncode,
-          "command": " ".join(["python"] + command[1:]).replace(run_root, "RUN_DIR")}
+          "lanes": lanes, "command": " ".join(["python"] + command[1:]).replace(run_root, "RUN_DIR")}
+
+
+def run_agent(agent: str, games: List[str], args, run_root: str) -> None:
+  """The agent's games, `lanes` at a time; each game's rows are written as its sweep ends (a long
+  run shows as it goes)."""
+  lanes = EXECUTION[agent]["lanes"]
+  cores = sorted(os.sched_getaffinity(0))[:lanes] if lanes > 1 else [None]
+  if lanes > 1 and len(cores) < lanes:
+    raise SystemExit(f"reference.py: {agent} runs {lanes} games at once, a core each; this machine lets it use "
+                     f"{len(cores)}")
+  queue, lock = list(games), threading.Lock()
+
+  def lane(core: Optional[int]) -> None:
+    while True:
+      with lock:
+        if not queue:
+          return
+        game = queue.pop(0)
+      sweep = run_sweep(agent, game, args, run_root, core)
+      rows = collect(agent, game, sweep)
+      with lock:
+        path = write_results(agent, args.steps, rows, [sweep["command"]])
+        print(f"[reference] {agent} on {game}: {path}; {rebuild_page()}", flush=True)
+
+  threads = [threading.Thread(target=lane, args=(core,), name=f"lane-{core}") for core in cores]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
 
 
 def collect(agent: str, game: str, sweep: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -98,7 +134,8 @@ def collect(agent: str, game: str, sweep: Dict[str, Any]) -> List[Dict[str, Any]
     rows.append({"agent": agent, "game": game, "env": sweep["env"], "seed": run.seed, "complete": run.complete,
                  "final": run.final_return, "best": run.best_return, "env_steps": run.env_steps,
                  "run_wall_seconds": run.wall_seconds, "sweep_wall_seconds": sweep["wall_seconds"],
-                 "runs_in_sweep": len(runs), "error": run.error, "date": sweep["date"], "commit": sweep["commit"]})
+                 "runs_in_sweep": len(runs), "lanes": sweep["lanes"], "error": run.error, "date": sweep["date"],
+                 "commit": sweep["commit"]})
   return rows
 
 
@@ -128,7 +165,8 @@ def write_results(agent: str, steps: int, rows: List[Dict[str, Any]], commands: 
   if os.path.exists(path):
     with open(path) as f:
       old = json.load(f)
-    if old.get("settings") == SETTINGS[agent]:
+    # ("parallel" was a setting until the lanes of EXECUTION: how the runs shared the machine.)
+    if {k: v for k, v in old.get("settings", {}).items() if k != "parallel"} == SETTINGS[agent]:
       earlier = {(row["game"], row["seed"]): row for row in old["runs"]}
       rows = [_as_measured(row, earlier.get((row["game"], row["seed"]))) for row in rows]
       games = {row["game"] for row in rows}
@@ -154,7 +192,7 @@ def _as_measured(row: Dict[str, Any], earlier: Optional[Dict[str, Any]]) -> Dict
       earlier.get(key) == row.get(key) for key in ("final", "best", "env_steps", "run_wall_seconds"))
   if not same_run:
     return row
-  return dict(row, **{key: earlier[key] for key in ("date", "commit", "sweep_wall_seconds", "runs_in_sweep")
+  return dict(row, **{key: earlier[key] for key in ("date", "commit", "sweep_wall_seconds", "runs_in_sweep", "lanes")
                       if key in earlier})
 
 
@@ -181,8 +219,10 @@ def render_table(records: List[Dict[str, Any]]) -> str:
            "mean). The published values are read from the sources' learning curves, which average",
            "training or test episodes rather than a greedy policy's: the comparison is indicative.",
            "Wall times are the whole sweep's (start to exit, compilation included; summed where a",
-           "game's seeds ran in more than one sweep); a run's share of the machine is that over the",
-           "runs of the sweep (vmapped seeds share one program; DQN runs two at a time, a core each).", ""]
+           "game's seeds ran in more than one sweep). A run's share of the machine is the sweep's wall",
+           "over its runs, halved where two games' sweeps ran at once, a core each (DQN since",
+           "2026-12-02; before, two seeds at a time shared both cores); PPO's vmapped seeds share one",
+           "program on the whole machine.", ""]
   for record in sorted(records, key=lambda r: (r["agent"], r["steps"])):
     agent, steps = record["agent"], record["steps"]
     published = PUBLISHED[agent]["at"].get(steps, {})
@@ -204,13 +244,15 @@ def render_table(records: List[Dict[str, Any]]) -> str:
       bests = [r["best"] for r in ok]
       ref = published.get(game)
       ratio = f"{sum(finals) / len(finals) / ref:.2f}" if finals and ref else "-"
-      # A game's seeds may have run in several sweeps (sessions): their walls add up.
-      sweep_wall = sum(wall for _, _, wall in {(r.get("date"), r.get("commit"), r["sweep_wall_seconds"])
-                                               for r in rows})
+      # A game's seeds may have run in several sweeps (sessions): their walls add up. A sweep that
+      # ran in one of `lanes` lanes had that share of the machine.
+      sweeps = {(r.get("date"), r.get("commit"), r["sweep_wall_seconds"], r.get("lanes", 1)) for r in rows}
+      sweep_wall = sum(wall for _, _, wall, _ in sweeps)
+      machine = sum(wall / lanes for _, _, wall, lanes in sweeps)
       # A sweep's machine time went to the runs that completed (a run not completed never started).
       lines.append(f"| {GAMES[game]} | `{rows[0]['env']}` | {len(ok)}/{len(rows)} | {_estimate(finals)} | "
                    f"{_estimate(bests)} | {ref if ref is not None else '-'} | {ratio} | {sweep_wall:.0f} | "
-                   f"{sweep_wall / max(1, len(ok)):.0f} |")
+                   f"{machine / max(1, len(ok)):.0f} |")
     lines += ["", "Commands (`RUN_DIR` the folder given to `bench/reference.py --run_dir`):", ""]
     lines += [f"    {c}" for c in record["commands"]]
     lines.append("")
@@ -251,10 +293,7 @@ def main():
     run_root = os.path.abspath(args.run_dir or os.path.join(
         "runs", "reference-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")))
     for agent in (list(SETTINGS) if args.agent == "all" else [args.agent]):
-      for game in games:  # each game's rows are written as its sweep ends: a long run shows as it goes
-        sweep = run_sweep(agent, game, args, run_root)
-        path = write_results(agent, args.steps, collect(agent, game, sweep), [sweep["command"]])
-        print(f"[reference] {agent} on {game}: {path}; {rebuild_page()}", flush=True)
+      run_agent(agent, games, args, run_root)
   print(f"[reference] {rebuild_page()}", flush=True)
 
 
