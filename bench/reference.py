@@ -192,8 +192,10 @@ def _as_measured(row: Dict[str, Any], earlier: Optional[Dict[str, Any]]) -> Dict
       earlier.get(key) == row.get(key) for key in ("final", "best", "env_steps", "run_wall_seconds"))
   if not same_run:
     return row
-  return dict(row, **{key: earlier[key] for key in ("date", "commit", "sweep_wall_seconds", "runs_in_sweep", "lanes")
-                      if key in earlier})
+  # (rows written before lanes had the whole machine: lanes 1)
+  return dict(row, lanes=earlier.get("lanes", 1), **{key: earlier[key] for key in
+                                                      ("date", "commit", "sweep_wall_seconds", "runs_in_sweep")
+                                                      if key in earlier})
 
 
 # ----------------------------------------------------------------------------- the table
@@ -270,8 +272,9 @@ def rebuild_page() -> str:
       if name.startswith("reference-") and name.endswith(".json"):
         with open(os.path.join(RESULTS_DIR, name)) as f:
           records.append(json.load(f))
+  page = render_table(records)  # (its bootstrap takes a while: the page is not left empty meanwhile)
   with open(RESULTS_PAGE, "w") as f:
-    f.write(render_table(records))
+    f.write(page)
   return RESULTS_PAGE
 
 
