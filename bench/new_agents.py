@@ -52,7 +52,7 @@ def start(name: str, flags, folder: str, seed: int, steps=None, core=None):
   env, pin = dict(os.environ), None
   if core is not None:
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                        " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip()
+                        " --xla_cpu_multi_thread_eigen=false").strip()
     pin = lambda: os.sched_setaffinity(0, {core})  # noqa: E731 (runs in the child before exec)
   return name, run_dir, time.monotonic(), subprocess.Popen(command, cwd=ROOT, env=env, preexec_fn=pin)
 

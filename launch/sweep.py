@@ -37,10 +37,10 @@ from launch.cli import OneLineParser, build_config, fail, given_fields
 PROG = "python -m launch.sweep"
 _OWNED = ("seed", "run_dir", "resume")  # set by the sweep for each seed
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# XLA's CPU settings of a run pinned to one core (--one_core_each): one thread, no Eigen thread
-# pool, and the whole-program runtime (MinAtar's conv update: 4.5 -> 2.8 ms on one core).
-ONE_CORE_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1 " \
-                     "--xla_cpu_use_thunk_runtime=false"
+# XLA's CPU settings of a run pinned to one core (--one_core_each): no Eigen thread pool, and the
+# whole-program runtime (bench/sweep_cores.py --update_ms). Only `--name=value` tokens: a token
+# without the dashes in XLA_FLAGS made XLA ignore the flags after it (the runtime went unchanged).
+ONE_CORE_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false --xla_cpu_use_thunk_runtime=false"
 
 
 class Job(NamedTuple):
