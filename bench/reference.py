@@ -12,8 +12,9 @@ folder under --run_dir). The agents run the way their published anchors were mea
   its learning-rate warm-up is not reproduced) on gymnax's MinAtar ports, through the device
   backend with the three seeds in one vmapped program (gymnax-blines trained on those ports too).
 - DQN: the MinAtar paper's environment (the `minatar` package: sticky actions 0.1) through the
-  embedded runner, two seeds at a time, each pinned to a core of its own with XLA on one thread
-  (`--parallel 2 --one_core_each`: on 2 cores about twice the updates/s of two runs sharing them),
+  embedded runner, two games at a time, each on a core of its own with XLA on one thread
+  (`--one_core_each`: a pinned run was about as fast as one run alone on both cores;
+  bench/sweep_cores.py),
   with the settings of docs/agents/dqn.md (MinAtar's small CNN, replay 100k, target period 1000,
   epsilon 1 to 0.05 over 100k steps); the paper trains every step on 32 samples (a sample/insert
   ratio of 32), this runs 8.
