@@ -100,8 +100,9 @@ def run_sweep(agent: str, game: str, args, run_root: str, core: Optional[int] = 
 def run_agent(agent: str, games: List[str], args, run_root: str) -> None:
   """The agent's games, `lanes` at a time; each game's rows are written as its sweep ends (a long
   run shows as it goes)."""
+  from launch.sweep import usable_cores
   lanes = EXECUTION[agent]["lanes"]
-  cores = sorted(os.sched_getaffinity(0))[:lanes] if lanes > 1 else [None]
+  cores = usable_cores()[:lanes] if lanes > 1 else [None]
   if lanes > 1 and len(cores) < lanes:
     raise SystemExit(f"reference.py: {agent} runs {lanes} games at once, a core each; this machine lets it use "
                      f"{len(cores)}")

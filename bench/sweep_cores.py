@@ -24,6 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.reference import SETTINGS  # noqa: E402 (the reference table's DQN settings)
+from launch.sweep import usable_cores  # noqa: E402
 
 MODES = {"one at a time": ["--parallel", "1"], "K at a time, sharing the cores": ["--parallel", "{k}"],
          "K at a time, a core each": ["--parallel", "{k}", "--one_core_each"]}
@@ -103,7 +104,7 @@ def compare_update_ms() -> None:
 def main():
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--seeds", default="0-1")
-  parser.add_argument("--k", type=int, default=len(os.sched_getaffinity(0)), help="runs at once (default: the cores)")
+  parser.add_argument("--k", type=int, default=len(usable_cores()), help="runs at once (default: the cores)")
   parser.add_argument("--steps", type=int, default=25_000)
   parser.add_argument("--env", default="MinAtar/SpaceInvaders-v1")
   parser.add_argument("--update_ms", action="store_true", help="only ms per update under XLA's CPU settings")

@@ -162,7 +162,8 @@ class HostWatch:
         self._lose(host, now - since)
       elif since is None and now - self._started >= self._first_deadline:
         newly.append(host)
-        self._lose(host, now - self._started, how=f"no heartbeat in the {now - self._started:.0f}s since the hosts started")
+        waited = now - self._started
+        self._lose(host, waited, how=f"no heartbeat in the {waited:.0f}s since the hosts started")
     return newly
 
   def settle(self) -> List[str]:
@@ -171,20 +172,21 @@ class HostWatch:
     hosts are lost now; returns them."""
     now, newly = self._clock(), []
     for host, (_, since) in self._last.items():
-      if host in self.lost:
+      if host in self.lost or self._ended_cleanly(host):
         continue
-      text = self._heartbeat(host)
-      if text is not None and _ended(text):
-        continue
-      newly.append(host)  # killed, or never reported
-      silent = now - (since if since is not None else self._started if self._started is not None else now)
-      self._lose(host, silent, how="its agent ended without its last heartbeat")
+      newly.append(host)  # killed, or never reported (silent since the hosts started, if they did)
+      quiet_since = since if since is not None else self._started
+      self._lose(host, now - quiet_since if quiet_since is not None else 0.0,
+                 how="its agent ended without its last heartbeat")
     return newly
 
   def others_ended(self) -> bool:
     """Whether every host not lost has ended cleanly (its agent's last word)."""
-    return all(host in self.lost or ((text := self._heartbeat(host)) is not None and _ended(text))
-               for host in self._nodes)
+    return all(host in self.lost or self._ended_cleanly(host) for host in self._nodes)
+
+  def _ended_cleanly(self, host: str) -> bool:
+    text = self._heartbeat(host)
+    return text is not None and _ended(text)
 
   def _heartbeat(self, host: str) -> Optional[str]:
     """The host's heartbeat file as it is now; None if it has none."""
