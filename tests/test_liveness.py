@@ -77,8 +77,9 @@ def test_a_lost_learner_host_stops_the_program_with_its_report(tmp_path):
 
 def test_a_queued_job_loses_no_host_and_a_host_gets_longer_for_its_first_heartbeat(tmp_path):
   # A Slurm job can wait in the queue for hours, and an agent's first heartbeat follows its
-  # imports: neither is a host's loss. A watch started late once lost every host (CI saw a host
-  # declared lost before its first heartbeat).
+  # imports: neither is a host's loss. The watch used to count from before sbatch, so a queued
+  # job would have lost every host (CI once named a live host among the lost; the cause is not
+  # proven to be this).
   run_dir, clock, said = str(tmp_path), Clock(), []
   os.makedirs(multihost.launch_dir(run_dir))
   watch = liveness.HostWatch(run_dir, PLAN, deadline=30, resume_hint=lambda lost: f"resume without {lost}",
