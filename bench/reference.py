@@ -12,9 +12,10 @@ folder under --run_dir). The agents run the way their published anchors were mea
   its learning-rate warm-up is not reproduced) on gymnax's MinAtar ports, through the device
   backend with the three seeds in one vmapped program (gymnax-blines trained on those ports too).
 - DQN: the MinAtar paper's environment (the `minatar` package: sticky actions 0.1) through the
-  embedded runner, two games at a time, each on a core of its own with XLA on one thread
-  (`--one_core_each`: a pinned run was about as fast as one run alone on both cores;
-  bench/sweep_cores.py),
+  embedded runner with its seeded replay (`--deterministic`: sampling and inserts in the run's
+  own thread, no Reverb server or sampler thread contending for its core), two games at a time,
+  each on a core of its own with XLA on one thread (`--one_core_each`: a pinned run was about as
+  fast as one run alone on both cores; bench/sweep_cores.py),
   with the settings of docs/agents/dqn.md (MinAtar's small CNN, replay 100k, target period 1000,
   epsilon 1 to 0.05 over 100k steps); the paper trains every step on 32 samples (a sample/insert
   ratio of 32), this runs 8.
@@ -63,7 +64,7 @@ SETTINGS = {
     "dqn": {"env": "MinAtar/{name}-v1",
             "flags": ["--num_envs", "8", "--batch_size", "32", "--samples_per_insert", "8", "--updates_per_call", "8",
                       "--learning_rate", "3e-4", "--min_replay_size", "5000", "--max_replay_size", "100000",
-                      "--epsilon_decay_steps", "100000", "--target_update_period", "1000"]},
+                      "--epsilon_decay_steps", "100000", "--target_update_period", "1000", "--deterministic"]},
 }
 
 
