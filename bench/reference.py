@@ -225,9 +225,9 @@ def render_table(records: List[Dict[str, Any]]) -> str:
            "training or test episodes rather than a greedy policy's: the comparison is indicative.",
            "Wall times are the whole sweep's (start to exit, compilation included; summed where a",
            "game's seeds ran in more than one sweep). A run's share of the machine is the sweep's wall",
-           "over its runs, halved where two games' sweeps ran at once, a core each (DQN since",
-           "2026-12-02; before, two seeds at a time shared both cores); PPO's vmapped seeds share one",
-           "program on the whole machine.", ""]
+           "over its runs, halved where two games' sweeps ran at once, a core each (DQN: two lanes,",
+           "each running its games' seeds one after another); PPO's vmapped seeds share one program on",
+           "the whole machine.", ""]
   for record in sorted(records, key=lambda r: (r["agent"], r["steps"])):
     agent, steps = record["agent"], record["steps"]
     published = PUBLISHED[agent]["at"].get(steps, {})

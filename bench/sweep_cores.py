@@ -4,9 +4,10 @@ core, and K at a time pinned to a core each (`launch.sweep --one_core_each`), in
   .venv/bin/python bench/sweep_cores.py [--seeds 0-1] [--steps 25000] [--env MinAtar/SpaceInvaders-v1]
   .venv/bin/python bench/sweep_cores.py --update_ms    # why: one update's time under XLA's CPU settings
 
-Each mode is one `launch.sweep` of DQN with the reference table's MinAtar settings (bench/reference.py)
-into a fresh folder; it prints each mode's wall time (start to exit, compilation included), the
-runs' env steps per second and learner updates, and each mode's wall as a ratio of one at a time.
+Each mode is one `launch.sweep` of DQN with the reference table's MinAtar settings (bench/reference.py:
+the seeded replay, `--deterministic`) into a fresh folder, and a last mode runs the pinned runs with
+Reverb instead; it prints each mode's wall time (start to exit, compilation included), the runs'
+env steps per second and learner updates, and each mode's wall as a ratio of one at a time.
 `--update_ms`: milliseconds per DQN update (8 per jitted call, the learner shell fed one placed
 batch) on MinAtar's CNN (batch 32, 10x10x6) and CartPole's MLP (batch 128), under XLA's defaults,
 one thread, the whole-program runtime, and both (each in a process of its own).
@@ -26,15 +27,20 @@ sys.path.insert(0, ROOT)
 from bench.reference import SETTINGS  # noqa: E402 (the reference table's DQN settings)
 from launch.sweep import usable_cores  # noqa: E402
 
+# The reference settings run the seeded replay (--deterministic); the last mode is the same runs
+# with Reverb (a server and a sampler thread in each run's process, on its one core).
+REVERB = "Reverb replay"
 MODES = {"one at a time": ["--parallel", "1"], "K at a time, sharing the cores": ["--parallel", "{k}"],
-         "K at a time, a core each": ["--parallel", "{k}", "--one_core_each"]}
+         "K at a time, a core each": ["--parallel", "{k}", "--one_core_each"],
+         f"K at a time, a core each, {REVERB}": ["--parallel", "{k}", "--one_core_each"]}
 
 
 def run_mode(name, flags, args, folder):
+  settings = [f for f in SETTINGS["dqn"]["flags"] if not (REVERB in name and f == "--deterministic")]
   command = [sys.executable, "-m", "launch.sweep", "--agent", "dqn", "--env", args.env, "--seeds", args.seeds,
              "--run_dir", folder, *[f.format(k=args.k) for f in flags], "--steps", str(args.steps),
              "--eval_every", str(args.steps), "--eval_episodes", "2", "--progress_seconds", "0",
-             "--checkpoint_every_seconds", "0", *SETTINGS["dqn"]["flags"]]
+             "--checkpoint_every_seconds", "0", *settings]
   start = time.monotonic()
   done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
   wall = time.monotonic() - start
@@ -125,7 +131,7 @@ def main():
   base = rows[0]["wall_seconds"]
   print(f"\n{args.env}, seeds {args.seeds}, {args.steps} env steps each, K={args.k}")
   for row in rows:
-    print(f"  {row['mode']:32s} {row['wall_seconds']:7.1f} s  wall / one at a time {row['wall_seconds'] / base:.2f}  "
+    print(f"  {row['mode']:46s} {row['wall_seconds']:7.1f} s  wall / one at a time {row['wall_seconds'] / base:.2f}  "
           f"env-steps/s per run {row['env_steps_per_s']}")
 
 
