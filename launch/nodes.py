@@ -650,8 +650,10 @@ class EvaluatorNode:
 
   def _evaluate(self, exp, evaluator, seed, history: EvalHistory, logger, progress, times: TimesFile):
     run_dir = self._session.run_dir
-    counts = wait_unless_stopped(self._counter.futures.get_counts())
-    next_eval = (counts.get("actor_steps", 0.0) // exp.eval_every + 1) * exp.eval_every
+    # The first evaluation point past the last one evaluated: an evaluator that starts (or restarts)
+    # after the actors passed it evaluates at its first look instead of skipping to the next point.
+    next_eval = (history.actor_steps[-1] if history.actor_steps else 0) // exp.eval_every * exp.eval_every \
+        + exp.eval_every
     last_time = time.monotonic()
     params, last_eval = None, {}
     while not self._pause():
