@@ -4,7 +4,9 @@ redesign must keep (or explain). Prints one line per run and writes a JSON table
   .venv/bin/python bench/digests.py [--out digests.json] [--only dqn,ppo]
 
 Each run is a short `python -m launch.train` in a temporary folder, as a user would start it.
-Compare two tables (before and after a change) with `--compare OLD.json NEW.json`.
+Compare two tables (before and after a change) with `--compare OLD.json NEW.json`, both made on
+one machine: XLA's CPU kernels round differently on another processor, so the same code gives
+other digests there (every one of the eight differed between two of our machines).
 """
 
 import argparse
