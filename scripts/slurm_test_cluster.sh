@@ -31,6 +31,8 @@ down() {
     [ -f "$pidfile" ] && kill -9 "$(cat "$pidfile")" 2>/dev/null || true
   done
   for i in $(seq 1 $HOSTS); do
+    # What is left in a host (a step daemon whose slurmd was killed) goes with it.
+    ip netns pids "slurmns$i" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
     ip netns del "slurmns$i" 2>/dev/null || true
     ip link del "vslurm$i" 2>/dev/null || true
   done

@@ -70,11 +70,13 @@ def _rows(path):
 
 
 def _kill_host(index):
-  """SIGKILL every process in host `index`'s network namespace, all at one instant as when a
-  machine dies: each is stopped first, then all are killed. Killed one by one, a process could
-  see another die and act: the batch host runs the other hosts' `srun` clients, and an `srun`
-  whose parent was killed while it still ran cancels its step, killing a live host's agent
-  (node2 found lost beside node1: one run in five here, and CI failures that named node3 alone)."""
+  """Host `index` dies at one instant, as a machine does: its network goes first (its link to the
+  bridge down, so nothing it still sends gets out), then every process of its namespace is stopped
+  and all are killed. Killed one by one with its network up, a dying process could still act: the
+  batch script runs on node1 with the other hosts' `srun` clients, and a cancel sent to slurmctld as
+  they died cancelled node2's and node3's steps, killing live hosts' agents (a host found lost
+  beside node1: about one run in four here, and CI failures whose resume command named node3 alone)."""
+  subprocess.run(["ip", "link", "set", f"vslurm{index}", "down"], check=True)
   out = subprocess.run(["ip", "netns", "pids", f"slurmns{index}"], capture_output=True, text=True, check=True)
   pids = list(map(int, out.stdout.split()))
   for how in (signal.SIGSTOP, signal.SIGKILL):
