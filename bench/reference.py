@@ -42,6 +42,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 RESULTS_DIR = os.path.join(ROOT, "docs", "results")
 RESULTS_PAGE = os.path.join(ROOT, "docs", "results.md")
+# What was tried where the table is below an anchor: the page's last section, markdown written by hand.
+BELOW_ANCHORS = os.path.join(RESULTS_DIR, "below-anchors.txt")
 
 GAMES = {"breakout": "Breakout", "asterix": "Asterix", "freeway": "Freeway", "spaceinvaders": "SpaceInvaders"}
 
@@ -213,35 +215,6 @@ def _estimate(values: List[float]) -> str:
   return f"{point:.1f} [{low:.1f}, {high:.1f}]"
 
 
-# What was tried where jrl's table is below an anchor: the page's last section (seed 0, 1M env steps,
-# `--deterministic`, one core each, 2026-12-03; the commands below).
-BELOW_ANCHORS = [
-    "## Below the anchors", "",
-    "**DQN on Asterix** (0.18 of the MinAtar paper at 1M). The table's settings make one update per 4",
-    "env steps with 3-step double-Q targets and Adam; the paper made one update per env step with",
-    "1-step max-Q targets and centred RMSProp. The paper's DQN as a jrl agent module",
-    "(`bench/minatar_paper_dqn.py`, jrl's DQN pieces with the paper's loss and optimiser) learns",
-    "Asterix well past the anchor; with Adam in place of RMSProp it learns too, more slowly; jrl's DQN",
-    "with the same flags (double-Q targets) had not started by 500k, where both max-Q runs had. One",
-    "seed: the targets look like the main difference, not proven. Seed 0, greedy evaluations of 32",
-    "episodes:", "",
-    "| agent (flags below) | 300k | 500k | 700k | 1M final | best |",
-    "|---|---|---|---|---|---|",
-    "| `bench.minatar_paper_dqn` (centred RMSProp, max-Q) | 2.2 | 17.1 | 16.4 | 19.9 | 20.6 |",
-    "| `bench.minatar_paper_dqn_adam` (Adam, max-Q) | 1.0 | 5.6 | 9.1 | 12.5 | 12.5 |",
-    "| `dqn` (Adam, double Q: jrl's DQN; stopped at 500k) | 0.4 | 0.6 | - | - | 0.8 |",
-    "",
-    "Flags of all three: `--env MinAtar/Asterix-v1 --deterministic --num_envs 8 --batch_size 32",
-    "--samples_per_insert 32 --updates_per_call 8 --n_step 1 --min_replay_size 5000 --max_replay_size",
-    "100000 --target_update_period 1000 --epsilon_decay_steps 100000 --epsilon_final 0.1",
-    "--learning_rate 2.5e-4 --eval_every 50000 --eval_episodes 32` (one update per env step, 4 times",
-    "the table's). The table keeps jrl's DQN with its own settings: a reference for jrl's agent, not",
-    "for the paper's.", "",
-    "**PPO on Freeway** (0.84 of gymnax-blines at 1M): Freeway's reward is sparse early on; not tuned.",
-    "",
-]
-
-
 def render_table(records: List[Dict[str, Any]]) -> str:
   """docs/results.md from the committed records: one table per (agent, budget)."""
   lines = ["# Reference results", "",
@@ -290,7 +263,9 @@ def render_table(records: List[Dict[str, Any]]) -> str:
     lines += ["", "Commands (`RUN_DIR` the folder given to `bench/reference.py --run_dir`):", ""]
     lines += [f"    {c}" for c in record["commands"]]
     lines.append("")
-  lines += BELOW_ANCHORS
+  if os.path.exists(BELOW_ANCHORS):
+    with open(BELOW_ANCHORS) as f:
+      lines += f.read().splitlines() + [""]
   missing = sorted(set(SETTINGS) - {r["agent"] for r in records})
   for agent in missing:
     lines += [f"## {agent.upper()}", "", f"Not recorded yet: `make reference AGENT={agent}` runs it (settings in "

@@ -652,8 +652,8 @@ class EvaluatorNode:
     run_dir = self._session.run_dir
     # The first evaluation point past the last one evaluated: an evaluator that starts (or restarts)
     # after the actors passed it evaluates at its first look instead of skipping to the next point.
-    next_eval = (history.actor_steps[-1] if history.actor_steps else 0) // exp.eval_every * exp.eval_every \
-        + exp.eval_every
+    last_evaluated = history.actor_steps[-1] if history.actor_steps else 0
+    next_eval = (last_evaluated // exp.eval_every + 1) * exp.eval_every
     last_time = time.monotonic()
     params, last_eval = None, {}
     while not self._pause():
