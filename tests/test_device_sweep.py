@@ -110,14 +110,22 @@ def test_launch_sweep_with_the_device_backend_runs_every_seed_in_one_program_and
   with open(run_dir / "sweep.json") as f:
     record = json.load(f)
   assert [r["status"] for r in record["runs"]] == ["ok"] * 3
-  digests = set()
+  digests, summaries = set(), []
   for run in record["runs"]:
     with open(run_dir / run["run_dir"] / "summary.json") as f:
       summary = json.load(f)
     assert summary["seed"] == run["seed"] and summary["details"]["vmapped_runs"] == 3
     assert summary["actor_steps"] == 2000 and summary["evaluations"] == 2
     digests.add(summary["params_digest"])
+    summaries.append(summary)
   assert len(digests) == 3
+  # Every run's report charges it the sweep's evaluations, all three runs' (one thread made them
+  # one after another), not its own alone: the rest of the thread's time is "other".
+  all_evals = sum(s["details"]["eval_seconds"] for s in summaries)
+  for summary, run in zip(summaries, record["runs"]):
+    phases = summary["phase_seconds"]["main"]
+    assert abs(phases["eval"] - all_evals) < 0.01 and phases["eval"] > summary["details"]["eval_seconds"], phases
+    assert "## vmapped sweep" in (run_dir / run["run_dir"] / "report.md").read_text()
   report = (run_dir / "report.md").read_text()
   assert "3 runs" in report or "| 3 |" in report, report[:2000]
 

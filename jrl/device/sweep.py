@@ -219,11 +219,12 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
       core.close(view)
   clock.active = False
   summaries = []
+  shared = {"runs": len(seeds), "eval_seconds": sum(view.eval_seconds for view in sweep.views)}
   for core, view, final_params, point in zip(cores, sweep.views, finals, points):
     wall = core.elapsed()
-    # Each run's report charges it the sweep's whole compile and loop (they are shared).
+    # Each run's report charges it the sweep's whole compile, loop and evaluations (they are shared).
     view.compile_seconds = sweep.compile_seconds
-    result, report_fields = write_run_report(core.run_dir, core.exp, view, wall)
+    result, report_fields = write_run_report(core.run_dir, core.exp, view, wall, shared)
     details = {"num_envs": plan.num_envs, "chunk_steps": plan.chunk_steps, "vmapped_runs": len(seeds),
                "grid_point": point, "compile_seconds": round(sweep.compile_seconds, 3),
                "jax_compile_seconds": round(clock.seconds, 3), "setup_seconds": round(setup_seconds, 3),
