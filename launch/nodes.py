@@ -82,6 +82,19 @@ DIGEST_EVERY = 50
 REVERB_SCRATCH = ".reverb"  # under checkpoints/: where the replay node writes Reverb checkpoints
 
 
+def report_share(budget: float, counted: float, num_actors: int) -> float:
+  """How many unreported env steps an actor may hold before it reports them, beside its once a
+  second: its share of what the budget has left (`counted`: the total the counter last told it).
+
+  Actors learn the total only when they report, so without it each could run a whole second past
+  the budget. With it, when the budget is passed no
+  actor holds more than its share of what was left at its last report, and every actor that sees
+  the budget passed stops: together they end below budget * (2 - 1/num_actors) + num_actors
+  vector steps, and near the budget when they step at like speeds. No actor is waited for, so a
+  lost one does not hold the run."""
+  return max(budget - counted, 0.0) / num_actors
+
+
 class Counter:
   """The program's shared bookkeeping: counts summed with `increment` (env steps,
   episodes, learner steps, wall seconds, ...) and the evaluation history. It
@@ -346,6 +359,15 @@ class LearnerNode:
     self._publish_lock = threading.Lock()
     self._publish = [0.0, 0]  # seconds and copies spent handing out new parameters (RPC threads)
     self._faults = faults.from_environment()
+    self._count_lock = threading.Lock()
+    self._counted = 0  # the learner steps the counter has (process 0 counts them)
+
+  def _count_steps(self, steps: int) -> Dict[str, float]:
+    """Brings the counter's learner steps to `steps`; the counts."""
+    with self._count_lock:
+      counts = wait_unless_stopped(self._counter.futures.increment(learner_steps=steps - self._counted))
+      self._counted = steps
+    return counts
 
   def version(self) -> int:
     self._ready.wait()
@@ -368,8 +390,12 @@ class LearnerNode:
     self._ready.wait()
     with self._checkpoint_lock:
       state, steps, version = self._learner.snapshot()
+      # The counter learns the learner's steps once a second; a checkpoint (the final one too,
+      # before the summary is written) brings it up to date, and keeps the steps it saves.
+      self._count_steps(self._learner.steps)
       bookkeeping = wait_unless_stopped(self._counter.futures.snapshot())
       counts = bookkeeping["counts"]
+      counts["learner_steps"] = float(steps)
 
       def write_replay(folder: str) -> None:
         shutil.move(self._replay.checkpoint(), os.path.join(folder, REVERB_REPLAY_DIR))
@@ -411,6 +437,7 @@ class LearnerNode:
       self._learner.restore(Checkpointer.restore_learner(info, self._learner.state), saved["learner_steps"],
                             saved["learner_version"])
       log(f"restored {os.path.basename(info.path)}: version {saved['learner_version']}")
+    self._counted = self._learner.steps
     self._ready.set()
     role = "learner" if processes == 1 else f"learner{self._process}"
     logger = metrics_logger(self._session, role, step_key="learner_steps")
@@ -461,7 +488,7 @@ class LearnerNode:
       if now - last_time >= LOG_SECONDS:
         steps = self._learner.steps
         if lead:
-          counts = wait_unless_stopped(self._counter.futures.increment(learner_steps=steps - last_steps))
+          counts = self._count_steps(steps)
         else:
           counts = wait_unless_stopped(self._counter.futures.get_counts())
         logger.write({"learner_steps": steps, "learner_version": version,
@@ -535,12 +562,14 @@ class ActorNode:
   def _act(self, actor, policy, writer, logger):
     exp = self._exp
     returns: List[float] = []
-    last_time, last_steps = time.monotonic(), 0
+    last_time, last_steps = time.monotonic(), 0  # at the last report
+    counted = wait_unless_stopped(self._counter.futures.get_counts()).get("actor_steps", 0.0)
     while not lp.stop_event().is_set():
       returns += actor.step().returns
       self._faults.check_actor(self._id, actor.env_steps)
       now = time.monotonic()
-      if now - last_time >= LOG_SECONDS:
+      if now - last_time >= LOG_SECONDS or \
+          actor.env_steps - last_steps >= report_share(exp.steps, counted, exp.num_actors):
         counts = wait_unless_stopped(self._counter.futures.increment(actor_steps=actor.env_steps - last_steps,
                                                                      episodes=len(returns)))
         lag = wait_unless_stopped(self._learner.futures.version()) - policy.version
@@ -553,7 +582,8 @@ class ActorNode:
                       "policy_version": policy.version, "policy_lag": lag,
                       "items_inserted": writer.items_inserted, "host": host_name()})
         last_time, last_steps, returns = now, actor.env_steps, []
-        if counts["actor_steps"] >= exp.steps:
+        counted = counts["actor_steps"]
+        if counted >= exp.steps:
           break
 
 
@@ -692,6 +722,7 @@ class EvaluatorNode:
       params, version = wait_unless_stopped(self._learner.futures.get_variables())
     with self._timer.phase(report.CHECKPOINT):
       final_checkpoint = wait_unless_stopped(self._learner.futures.checkpoint())
+    learner_steps = wait_unless_stopped(self._counter.futures.get_counts()).get("learner_steps", 0)  # as of it
     save_policy(run_dir, "final", params, last_eval)
     server_stats = self._server_stats()
     replay_info = self._replay.server_info()[reverb_replay.TABLE] if self._replay is not None else None
@@ -699,7 +730,7 @@ class EvaluatorNode:
     # The launcher adds the run report, restarts and lost hosts (launch/distributed.py).
     summary = make_summary(
         exp=exp, kind="distributed", replay="reverb", actor_steps=actor_steps,
-        learner_steps=counts.get("learner_steps", 0), episodes=counts.get("episodes", 0),
+        learner_steps=learner_steps, episodes=counts.get("episodes", 0),
         wall_seconds=counts.get("wall_seconds", 0.0), history=history.summary(),
         learner_devices=sharding.make_mesh(exp.learner_devices).devices.size, learner_processes=exp.num_processes,
         resumed=self._session.number > 0, checkpoints=[os.path.basename(p) for p in Checkpointer(run_dir).all()],
