@@ -108,6 +108,9 @@ def test_actor_and_targets_move_only_every_policy_delay_updates():
     assert actor_moved == (not same(new.target_policy_params, state.target_policy_params))
     assert actor_moved == (not same(new.target_q_params, state.target_q_params))
     assert (float(metrics["actor_loss"]) != 0.0) == actor_moved
+    if actor_moved:  # counted policy_delay times, so that its mean over updates is the actor's loss
+      loss = td3.actor_loss(networks, state.policy_params, new.q_params, batch.transitions.observation, cfg)
+      np.testing.assert_allclose(float(metrics["actor_loss"]), 3 * float(loss), rtol=1e-6)
     moved.append(actor_moved)
     state = new
   assert moved == [False, False, True, False, False, True]

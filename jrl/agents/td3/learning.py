@@ -118,8 +118,9 @@ def make_learner(networks: Networks, cfg: Config, loss: Optional[Losses] = None,
     policy_params, target_policy_params, target_q_params, policy_opt_state, pi_loss = delayed
     new_state = TrainingState(policy_params, target_policy_params, q_params, target_q_params, policy_opt_state,
                               q_opt_state, key, steps)
-    # actor_loss is 0 on the calls that leave the actor alone.
-    metrics = {"critic_loss": q_loss, "actor_loss": pi_loss, "q_mean": q_mean, "grad_norm": optax.tree.norm(q_grads)}
+    # Metrics are averaged over updates, and the actor learns on one in `policy_delay`: its loss
+    # counts `policy_delay` times there and 0 elsewhere, so the average is the actor's loss.
+    metrics = {"critic_loss": q_loss, "actor_loss": pi_loss * cfg.policy_delay, "q_mean": q_mean, "grad_norm": optax.tree.norm(q_grads)}
     return new_state, metrics
 
   return LearnerFns(init=init, update=update, params=lambda state: state.policy_params)
