@@ -87,11 +87,10 @@ def report_share(budget: float, counted: float, num_actors: int) -> float:
   second: its share of what the budget has left (`counted`: the total the counter last told it).
 
   Actors learn the total only when they report, so without it each could run a whole second past
-  the budget. With it, when the budget is passed no
-  actor holds more than its share of what was left at its last report, and every actor that sees
-  the budget passed stops: together they end below budget * (2 - 1/num_actors) + num_actors
-  vector steps, and near the budget when they step at like speeds. No actor is waited for, so a
-  lost one does not hold the run."""
+  the budget. With it, when the budget is passed no actor holds more than its share of what was
+  left at its last report, and every actor that sees the budget passed stops: together they end
+  below budget * (2 - 1/num_actors) + num_actors vector steps, and near the budget when they step
+  at like speeds. No actor is waited for, so a lost one does not hold the run."""
   return max(budget - counted, 0.0) / num_actors
 
 

@@ -309,17 +309,23 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
                      done_extra=f" (compile {driver.compile_seconds:.1f}s, {sps:.0f} env-steps/s)")
 
 
+class SweepShare(NamedTuple):
+  """What a run of a vmapped sweep shares with the sweep's other runs, for its report."""
+  runs: int             # the runs in the one program
+  eval_seconds: float   # all their evaluations, made one after another by the one host thread
+
+
 def write_run_report(run_dir: str, exp: ExperimentConfig, driver: DeviceDriver, wall: float,
-                     sweep: Optional[Dict[str, Any]] = None):
+                     sweep: Optional[SweepShare] = None):
   """RUN_DIR/report.md of a device run, as the other runs write theirs: the host's one thread spent
   its time in the compiled chunks, in evaluation, compiling (this session's programs) and on the
   rest (set-up, metrics, snapshots, checkpoints; a resumed run's earlier compiles). (verdict,
   summary.json fields).
 
-  A run of a vmapped sweep shares that thread with the sweep's other runs: `sweep` gives
-  `eval_seconds` (all its runs' evaluations, made one after another, each holding up every run)
-  and `runs`; the report is then the sweep's time as this run lived it."""
-  eval_seconds = driver.eval_seconds if sweep is None else sweep["eval_seconds"]
+  A run of a vmapped sweep shares that thread with the sweep's other runs (`sweep`): each of their
+  evaluations held up every run, so the report charges it all of them, the sweep's time as this
+  run lived it."""
+  eval_seconds = driver.eval_seconds if sweep is None else sweep.eval_seconds
   phases = {DEVICE_LOOP: driver.loop_seconds, EVAL: eval_seconds, COMPILE: driver.compile_seconds}
   phases[OTHER] = max(wall - sum(phases.values()), 0.0)
   loop_seconds = max(driver.loop_seconds, 1e-9)
@@ -328,7 +334,7 @@ def write_run_report(run_dir: str, exp: ExperimentConfig, driver: DeviceDriver, 
   title = f"{exp.agent} on {exp.env}, seed {exp.seed}, on device: where the time went"
   extras = None
   if sweep is not None:
-    extras = {"vmapped sweep": f"{sweep['runs']} runs in one program: the loop and compile are theirs together, "
+    extras = {"vmapped sweep": f"{sweep.runs} runs in one program: the loop and compile are theirs together, "
                                f"eval is all runs' evaluations (this run's: {driver.eval_seconds:.1f} s)"}
   return report.write_report(run_dir, [NodeTimes("main", "device", phases, wall)], rates, title, extras,
                              file_name=REPORT_FILE)

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jrl import jit_cache
 from jrl.device.loop import DeviceLoop, evaluation_key, make_plan
 from jrl.device.runner import (CompileClock, SeedHost, calls_due_in_chunk, carry_from_host, compile_evaluation,
-                               device_setup, write_run_report)
+                               device_setup, SweepShare, write_run_report)
 from jrl.errors import ConfigError
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.run_core import RunCore
@@ -219,7 +219,7 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
       core.close(view)
   clock.active = False
   summaries = []
-  shared = {"runs": len(seeds), "eval_seconds": sum(view.eval_seconds for view in sweep.views)}
+  shared = SweepShare(runs=len(seeds), eval_seconds=sum(view.eval_seconds for view in sweep.views))
   for core, view, final_params, point in zip(cores, sweep.views, finals, points):
     wall = core.elapsed()
     # Each run's report charges it the sweep's whole compile, loop and evaluations (they are shared).
