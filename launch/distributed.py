@@ -121,15 +121,25 @@ def prepare_session(exp: ExperimentConfig, agent_cfg) -> Tuple[nodes.Session, Op
   if info is None:
     return nodes.Session(run_dir), None
   saved = Checkpointer.read_run_state(info)
-  counts = saved["counter"]["counts"]
   Checkpointer(run_dir).clean_partial()
+  cut_metrics_to_checkpoint(run_dir, saved)
+  return nodes.Session(run_dir, saved.get("sessions", 0) + 1, info.path), saved["counter"]
+
+
+def cut_metrics_to_checkpoint(run_dir: str, saved: Mapping[str, Any]) -> None:
+  """Cuts the nodes' metrics back to what the checkpoint `saved` holds: actor rows to its env
+  steps, learner rows to its learner steps, evaluator rows to its evaluation history. Not the
+  evaluator's to its env steps: an evaluation that read the counter before the checkpoint and
+  recorded itself after it has a row at or below the checkpoint's steps but is not in its
+  history, and the resumed evaluator runs that evaluation again."""
+  counts = saved["counter"]["counts"]
   metrics = os.path.join(run_dir, "metrics")
   for path in glob.glob(os.path.join(metrics, "actor*.csv")):
     cut_rows(path, "total_actor_steps", counts.get("actor_steps", 0))
   for path in glob.glob(os.path.join(metrics, "learner*.csv")):
     cut_rows(path, "learner_steps", saved["learner_steps"])
-  cut_rows(os.path.join(metrics, "evaluator.csv"), "actor_steps", counts.get("actor_steps", 0))
-  return nodes.Session(run_dir, saved.get("sessions", 0) + 1, info.path), saved["counter"]
+  evaluated = (saved["counter"].get("eval_history") or {}).get("actor_steps") or []
+  cut_rows(os.path.join(metrics, "evaluator.csv"), "actor_steps", evaluated[-1] if evaluated else -1)
 
 
 def restart_counts(run_dir: str) -> Dict[str, int]:

@@ -380,3 +380,42 @@ def test_last_traceback_is_the_node_incarnation_own_and_skips_shutdown_noise(tmp
   tb = last_traceback(str(log), offset=len(first))
   assert tb.splitlines()[0].startswith("Traceback") and tb.splitlines()[-1] == "RuntimeError: second incarnation"
   assert last_traceback(str(log), offset=len(first) + len(second)) is None
+
+
+def _write_csv(path, header, rows):
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(header)
+    writer.writerows(rows)
+
+
+def _column(path, name):
+  with open(path, newline="") as f:
+    return [float(row[name]) for row in csv.DictReader(f)]
+
+
+def test_resume_cuts_evaluator_rows_to_the_checkpoints_history_not_its_env_steps(tmp_path):
+  # The race CI met: the evaluator read 2008 env steps, the learner checkpointed (counter at 2008,
+  # history up to 1620) while the evaluation ran, then the evaluator wrote its row at 2008. The
+  # resumed evaluator runs that evaluation again, so the old row must go, though 2008 <= 2008.
+  from launch.distributed import cut_metrics_to_checkpoint
+  metrics = tmp_path / "metrics"
+  _write_csv(str(metrics / "evaluator.csv"), ["actor_steps", "eval_return"],
+             [[1620.0, 10.0], [2008.0, 12.0], [3332.0, 20.0]])
+  _write_csv(str(metrics / "actor0.csv"), ["total_actor_steps", "episode_return"],
+             [[1000.0, 9.0], [2008.0, 11.0], [2500.0, 13.0]])
+  _write_csv(str(metrics / "learner.csv"), ["learner_steps", "loss"], [[100.0, 1.0], [200.0, 0.5], [300.0, 0.4]])
+  saved = {"learner_steps": 200,
+           "counter": {"counts": {"actor_steps": 2008.0},
+                       "eval_history": {"threshold": None, "returns": [10.0], "actor_steps": [1620],
+                                        "steps_to_threshold": None}}}
+  cut_metrics_to_checkpoint(str(tmp_path), saved)
+  assert _column(str(metrics / "evaluator.csv"), "actor_steps") == [1620.0]
+  assert _column(str(metrics / "actor0.csv"), "total_actor_steps") == [1000.0, 2008.0]
+  assert _column(str(metrics / "learner.csv"), "learner_steps") == [100.0, 200.0]
+
+  # A checkpoint from before the first evaluation keeps no evaluator row.
+  saved["counter"]["eval_history"] = None
+  cut_metrics_to_checkpoint(str(tmp_path), saved)
+  assert _column(str(metrics / "evaluator.csv"), "actor_steps") == []
