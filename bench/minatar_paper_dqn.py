@@ -7,7 +7,7 @@ apart what jrl's DQN settings change from what the paper ran where jrl falls sho
         --epsilon_decay_steps 100000 --epsilon_final 0.1 --learning_rate 2.5e-4
 
 jrl's DQN pieces with the paper's two other choices: one-step Q-learning targets (the target
-network's max, not double Q) and its optimiser, centred RMSProp with squared-gradient decay 0.95
+network's max, not double Q: `double_q` is False here) and its optimiser, centred RMSProp with squared-gradient decay 0.95
 and 0.01 added to the root (outside it, as PyTorch's RMSprop does), without gradient clipping. The
 flags above give the rest: batch 32 and one update per env step (samples per insert 32), replay
 100k from 5k, target copies every 1,000 updates, epsilon 1 to 0.1 over 100k steps, lr 2.5e-4.
@@ -15,18 +15,22 @@ The network is the same (MinAtar's 16x3x3 conv and 128 units: jrl's `small_cnn`)
 ids (`-v1`) keep the minimal action set; the paper's script used all 6 actions.
 """
 
+import dataclasses
 import sys
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
-import jax
-import jax.numpy as jnp
 import optax
-import rlax
 
 from jrl import dqn
-from jrl.types import Array, LearnerBatch, LearnerFns, Params
+from jrl.types import LearnerFns
 
-Config = dqn.Config
+
+@dataclasses.dataclass(frozen=True)
+class Config(dqn.Config):
+  """jrl's DQN Config, with the paper's max-Q targets by default."""
+  double_q: bool = False            # online net picks the next action, target net values it; False: target net max
+
+
 Networks = dqn.Networks
 TrainingState = dqn.TrainingState
 make_networks = dqn.make_networks
@@ -34,19 +38,9 @@ make_policy = dqn.make_policy
 make_replay_spec = dqn.make_replay_spec
 
 
-def max_q_loss(networks: Networks, params: Params, target_params: Params, batch: LearnerBatch,
-               cfg: Config) -> Tuple[Array, Array]:
-  """Huber loss (smooth L1) on one-step Q-learning targets from the target network's max."""
-  t = batch.transitions
-  q_tm1 = networks.apply(params, t.observation)
-  q_t = networks.apply(target_params, t.next_observation)
-  td = jax.vmap(rlax.q_learning)(q_tm1, t.action.astype(jnp.int32), t.reward, t.discount, q_t)
-  return jnp.mean(batch.weights * rlax.huber_loss(td, cfg.huber_delta)), td
-
-
 def make_learner(networks: Networks, cfg: Config) -> LearnerFns:
   optimizer = optax.rmsprop(cfg.learning_rate, decay=0.95, eps=0.01, eps_in_sqrt=False, centered=True)
-  return dqn.make_learner(networks, cfg, loss=max_q_loss, optimizer=optimizer)
+  return dqn.make_learner(networks, cfg, optimizer=optimizer)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

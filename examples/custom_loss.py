@@ -20,9 +20,9 @@ from jrl.types import Array, LearnerBatch, Params
 
 def mse_weight_decay_loss(networks: dqn.Networks, params: Params, target_params: Params, batch: LearnerBatch,
                           cfg: dqn.Config, weight_decay: float = 1e-4) -> Tuple[Array, Array]:
-  """mean(w * td^2) + weight_decay * sum of squared params; td [B] the double-Q n-step TD errors
-  (returned as aux: they give the priorities and `td_abs_mean`)."""
-  td = dqn.td_errors(networks, params, target_params, batch)
+  """mean(w * td^2) + weight_decay * sum of squared params; td [B] the n-step TD errors, double Q
+  as `cfg.double_q` says (returned as aux: they give the priorities and `td_abs_mean`)."""
+  td = dqn.td_errors(networks, params, target_params, batch, cfg.double_q)
   l2 = sum(jnp.sum(jnp.square(p)) for p in jax.tree_util.tree_leaves(params))
   return jnp.mean(batch.weights * jnp.square(td)) + weight_decay * l2, td
 

@@ -33,24 +33,32 @@ def _huber(x, delta):
   return np.where(a <= delta, 0.5 * x ** 2, delta * (a - 0.5 * delta))
 
 
-def test_double_q_td_errors_and_loss_match_numpy_reference():
+@pytest.mark.parametrize("double_q", [True, False])
+def test_td_errors_and_loss_match_numpy_reference(double_q):
   rng = np.random.default_rng(0)
   batch = _batch(rng)
   w_online = rng.normal(size=(4, 3)).astype(np.float32)
   w_target = rng.normal(size=(4, 3)).astype(np.float32)
   linear = Networks(init=None, apply=lambda params, obs: obs @ params)
 
-  td = np.asarray(td_errors(linear, jnp.asarray(w_online), jnp.asarray(w_target), batch))
+  td = np.asarray(td_errors(linear, jnp.asarray(w_online), jnp.asarray(w_target), batch, double_q))
 
   t = batch.transitions
   q_tm1 = t.observation @ w_online
-  best_next = np.argmax(t.next_observation @ w_online, axis=1)          # selected by the online net
-  q_next = (t.next_observation @ w_target)[np.arange(16), best_next]    # valued by the target net
+  q_next_target = t.next_observation @ w_target
+  if double_q:
+    best_next = np.argmax(t.next_observation @ w_online, axis=1)        # selected by the online net
+    q_next = q_next_target[np.arange(16), best_next]                     # valued by the target net
+  else:
+    q_next = q_next_target.max(axis=1)                                   # the target net's max
   target = t.reward + t.discount * q_next
   expected = target - q_tm1[np.arange(16), t.action]
   np.testing.assert_allclose(td, expected, rtol=1e-5, atol=1e-5)
+  # The two targets differ on this batch, so each branch is checked against its own reference.
+  other = np.asarray(td_errors(linear, jnp.asarray(w_online), jnp.asarray(w_target), batch, not double_q))
+  assert np.abs(other - expected).max() > 1e-2
 
-  cfg = dqn.Config(huber_delta=0.5)
+  cfg = dqn.Config(huber_delta=0.5, double_q=double_q)
   learner = dqn.make_learner(linear._replace(init=lambda key: jnp.asarray(w_online)), cfg)
   state = learner.init(jax.random.PRNGKey(0))
   state = state._replace(target_params=jnp.asarray(w_target))

@@ -11,13 +11,14 @@ from jrl.replay.spec import ReplaySpec
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """DQN with double Q-learning, n-step targets and optional prioritized replay.
+  """DQN with double Q-learning (or max-Q targets), n-step targets and optional prioritized replay.
 
   Defaults solve CartPole-v1 (greedy return 475) within 50k env steps.
   """
   # Loss and targets.
   discount: float = 0.99            # gamma
   n_step: int = 3                   # steps summed before bootstrapping
+  double_q: bool = True             # online net picks the next action, target net values it; False: target net max
   huber_delta: float = 1.0          # Huber loss transition point
   target_update_period: int = 250   # updates between target copies (used when target_update_tau == 0)
   target_update_tau: float = 0.0    # Polyak step size per update; 0 means periodic copies

@@ -1,6 +1,7 @@
 """DQN learner: pure init and update.
 
-Double Q-learning (van Hasselt et al., 2016) on n-step transitions, Huber loss,
+Double Q-learning (van Hasselt et al., 2016), or the target network's max (Mnih et al.,
+2015) with `double_q=False`, on n-step transitions, Huber loss,
 importance weights for prioritized replay (Schaul et al., 2016), periodic or
 Polyak target updates.
 """
@@ -25,24 +26,29 @@ class TrainingState(NamedTuple):
   steps: Array  # [] int32 updates done
 
 
-def td_errors(networks: Networks, params: Params, target_params: Params, batch: LearnerBatch) -> Array:
-  """Double-Q n-step TD errors [B]; `discount` already holds gamma^n (0 at termination)."""
+def td_errors(networks: Networks, params: Params, target_params: Params, batch: LearnerBatch,
+              double_q: bool = True) -> Array:
+  """n-step TD errors [B]; `discount` already holds gamma^n (0 at termination). The next
+  action is the online net's argmax valued by the target net (double Q), or with
+  `double_q=False` the target net's max."""
   t = batch.transitions
   q_tm1 = networks.apply(params, t.observation)
   q_t_value = networks.apply(target_params, t.next_observation)
+  action = t.action.astype(jnp.int32)
+  if not double_q:
+    return jax.vmap(rlax.q_learning)(q_tm1, action, t.reward, t.discount, q_t_value)
   q_t_selector = networks.apply(params, t.next_observation)
-  return jax.vmap(rlax.double_q_learning)(q_tm1, t.action.astype(jnp.int32), t.reward,
-                                          t.discount, q_t_value, q_t_selector)
+  return jax.vmap(rlax.double_q_learning)(q_tm1, action, t.reward, t.discount, q_t_value, q_t_selector)
 
 
 def loss(networks: Networks, params: Params, target_params: Params, batch: LearnerBatch,
          cfg: Config) -> Tuple[Array, Array]:
-  """The default loss: mean of importance weight x Huber(double-Q n-step TD error).
+  """The default loss: mean of importance weight x Huber(n-step TD error), double Q as `cfg.double_q` says.
 
   batch: transitions [B, ...], weights [B]. Returns (loss [], td [B]); a custom loss keeps
   this signature and returns the TD errors as aux (they give the priorities and `td_abs_mean`).
   """
-  td = td_errors(networks, params, target_params, batch)
+  td = td_errors(networks, params, target_params, batch, cfg.double_q)
   return jnp.mean(batch.weights * rlax.huber_loss(td, cfg.huber_delta)), td
 
 
