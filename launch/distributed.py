@@ -25,7 +25,6 @@ import os
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 import launchpad as lp
-import portpicker
 
 from jrl.errors import ConfigError
 from jrl.experiment import report
@@ -36,7 +35,7 @@ from jrl.experiment.files import REPORT_FILE, SUMMARY_FILE, prepare_run_dir, res
 from jrl.experiment.logging import cut_rows
 from jrl.experiment.summary import with_report
 from jrl.experiment.files import REVERB_REPLAY_DIR
-from launch import cluster, liveness, loopback, nodes, supervisor
+from launch import cluster, liveness, loopback, multihost, nodes, supervisor
 
 # Nodes that hold no state others depend on: restarted when they fail.
 RESTARTABLE_GROUPS = ("actor", "evaluator", "inference")
@@ -292,7 +291,7 @@ def make_program(exp: ExperimentConfig, agent_cfg) -> BuiltProgram:
   session, counter_state = prepare_session(exp, agent_cfg)
   if exp.num_processes > 1 and not exp.coordinator_address:
     host = placement.host_of("learner", 0).address if placement else "127.0.0.1"
-    exp = dataclasses.replace(exp, coordinator_address=f"{host}:{portpicker.pick_unused_port()}")
+    exp = dataclasses.replace(exp, coordinator_address=f"{host}:{multihost.pick_port()}")
   program, handles = build_program(exp, agent_cfg, session, counter_state)
   return BuiltProgram(program, handles, exp, agent_cfg, session, placement, node_env)
 

@@ -17,9 +17,10 @@ creates the stop file too, so the whole program ends.
 import dataclasses
 import json
 import os
+import random
 import shutil
 import sys
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Set, Tuple
 
 import portpicker
 from launchpad import address as lp_address
@@ -79,8 +80,39 @@ class FixedAddress(lp_address.AbstractAddressBuilder):
     return self._address
 
 
+# Server ports are picked on the launching host for servers on other hosts. There, every socket the
+# host opens itself (Slurm's step daemons, outgoing connections) takes a port from its ephemeral range,
+# which the launching host cannot see: a port picked from that range can already be taken when the
+# node binds it (a Slurm test-cluster run lost its evaluator this way). Ports below the range are
+# only ever taken by a server that asks for one by number.
+PORTS_FROM = 20_000
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+_picked: Set[int] = set()
+
+
+def ephemeral_range(path: str = EPHEMERAL_RANGE_FILE) -> Tuple[int, int]:
+  """The kernel's ephemeral port range [first, last] (Linux's default where it cannot be read)."""
+  try:
+    with open(path) as f:
+      first, last = map(int, f.read().split())
+    return first, last
+  except (OSError, ValueError):
+    return 32768, 60999
+
+
 def pick_port() -> int:
-  return portpicker.pick_unused_port()
+  """A port for a server on a host of the program: below the ephemeral range (the launching
+  host's, which a cluster's hosts share), free here, and not picked before by this process."""
+  rng = random.SystemRandom()
+  below = ephemeral_range()[0]
+  if below - PORTS_FROM < 1_000:  # an unusual range leaves too few ports below it
+    return portpicker.pick_unused_port()
+  for _ in range(1_000):
+    port = rng.randrange(PORTS_FROM, below)
+    if port not in _picked and portpicker.is_port_free(port):
+      _picked.add(port)
+      return port
+  raise RuntimeError(f"no free port in [{PORTS_FROM}, {below}) after 1,000 tries")
 
 
 def build_plan(program, placement: Placement, run_dir: str, restart: Dict[str, Any]) -> Dict[str, Any]:
