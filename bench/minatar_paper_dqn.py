@@ -7,12 +7,13 @@ apart what jrl's DQN settings change from what the paper ran where jrl falls sho
         --epsilon_decay_steps 100000 --epsilon_final 0.1 --learning_rate 2.5e-4
 
 jrl's DQN pieces with the paper's two other choices: one-step Q-learning targets (the target
-network's max, not double Q: `double_q` is False here) and its optimiser, centred RMSProp with squared-gradient decay 0.95
-and 0.01 added to the root (outside it, as PyTorch's RMSprop does), without gradient clipping. The
-flags above give the rest: batch 32 and one update per env step (samples per insert 32), replay
-100k from 5k, target copies every 1,000 updates, epsilon 1 to 0.1 over 100k steps, lr 2.5e-4.
-The network is the same (MinAtar's 16x3x3 conv and 128 units: jrl's `small_cnn`). MinAtar's gym
-ids (`-v1`) keep the minimal action set; the paper's script used all 6 actions.
+network's max, not double Q: `double_q` is False here) and its optimiser, centred RMSProp with
+squared-gradient decay 0.95 and 0.01 added to the root (outside it, as PyTorch's RMSprop does),
+without gradient clipping. The flags above give the rest: batch 32 and one update per env step
+(samples per insert 32), replay 100k from 5k, target copies every 1,000 updates, epsilon 1 to 0.1
+over 100k steps, lr 2.5e-4. The network is the same (MinAtar's 16x3x3 conv and 128 units: jrl's
+`small_cnn`). MinAtar's gym ids (`-v1`) keep the minimal action set; the paper's script used all 6
+actions.
 """
 
 import dataclasses

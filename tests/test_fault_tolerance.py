@@ -390,16 +390,13 @@ def _write_csv(path, header, rows):
     writer.writerows(rows)
 
 
-def _column(path, name):
-  with open(path, newline="") as f:
-    return [float(row[name]) for row in csv.DictReader(f)]
-
-
 def test_resume_cuts_evaluator_rows_to_the_checkpoints_history_not_its_env_steps(tmp_path):
   # The race CI met: the evaluator read 2008 env steps, the learner checkpointed (counter at 2008,
   # history up to 1620) while the evaluation ran, then the evaluator wrote its row at 2008. The
   # resumed evaluator runs that evaluation again, so the old row must go, though 2008 <= 2008.
+  from jrl.experiment.plots import read_csv
   from launch.distributed import cut_metrics_to_checkpoint
+  _column = lambda path, name: read_csv(path).get(name, [])
   metrics = tmp_path / "metrics"
   _write_csv(str(metrics / "evaluator.csv"), ["actor_steps", "eval_return"],
              [[1620.0, 10.0], [2008.0, 12.0], [3332.0, 20.0]])
