@@ -11,10 +11,18 @@ name that needs it is touched):
     replay = jrl.LocalReplay.for_agent(cfg, num_envs=8, seed=0, env=env)
 
 Data conventions are stated once, in `jrl.types`.
+
+Each agent is also a module of this name, `jrl.<agent>` (`from jrl.dqn import Config`): the same
+module object as `jrl.agents.<agent>`, not a copy, so a class has one identity whichever way it was
+imported.
 """
 
 import importlib
-from typing import TYPE_CHECKING, Any, Dict, List
+import importlib.abc
+import importlib.machinery
+import sys
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from jrl.registry import AGENTS
 
@@ -65,6 +73,42 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
   from jrl.specs import EnvSpec  # noqa: F401
   from jrl.types import (ActorState, Array, LearnerBatch, LearnerFns, Params, PolicyFns, PRNGKey,  # noqa: F401
                          Trajectory, Transition)
+
+
+class _AgentAliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+  """`import jrl.dqn` (and `jrl.dqn.<submodule>`) loads `jrl.agents.dqn` and binds that module to
+  the short name, for every agent of jrl.registry.
+
+  Attribute access (`jrl.dqn`) goes through `__getattr__` below, but the import statement looks
+  names up in `sys.modules` and the finders, never in a package's attributes: without this finder
+  `from jrl.dqn import Config` in a user's module fails with ModuleNotFoundError. A finder rather
+  than an eager `sys.modules` entry keeps `import jrl` light (the agent, and JAX, load on first use);
+  aliasing rather than a forwarding file keeps one module object per agent. It answers only for
+  `jrl.<agent>` names and sits first on `sys.meta_path`, so the path finder never loads a second copy
+  of a submodule from `jrl.dqn.__path__`.
+  """
+
+  def find_spec(self, fullname: str, path: Optional[Sequence[str]] = None,
+                target: Optional[ModuleType] = None) -> Optional[importlib.machinery.ModuleSpec]:
+    del path, target
+    parts = fullname.split(".")
+    if len(parts) < 2 or parts[0] != __name__ or parts[1] not in AGENTS:
+      return None
+    return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+
+  def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+    real = importlib.import_module(f"{__name__}.agents.{spec.name.split('.', 1)[1]}")
+    spec.loader_state = real.__spec__
+    return real
+
+  def exec_module(self, module: ModuleType) -> None:
+    # The import machinery set the alias's spec on the module (its other attributes it leaves alone);
+    # the module keeps its own, so `importlib.reload` and tools that read `__spec__` see the real name.
+    module.__spec__ = module.__spec__.loader_state
+
+
+if not any(isinstance(finder, _AgentAliases) for finder in sys.meta_path):
+  sys.meta_path.insert(0, _AgentAliases())
 
 
 def __getattr__(name: str) -> Any:

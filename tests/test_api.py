@@ -49,6 +49,33 @@ def test_import_jrl_is_light_and_every_public_name_resolves():
   assert os.path.exists(os.path.join(ROOT, "jrl", "py.typed"))
 
 
+def test_agent_modules_import_by_their_short_name_from_a_users_module(tmp_path):
+  """`from jrl.dqn import Config, make_networks` in a user's file, as the docs write it: the import
+  statement does not consult `jrl.__getattr__`, so this failed with ModuleNotFoundError while
+  `jrl.dqn.Config` worked. Each name is the same module as jrl.agents.<name> (no second copy of
+  a class), a submodule too, and `import jrl` alone still loads no JAX."""
+  from jrl.registry import AGENTS
+  for name in AGENTS:
+    (tmp_path / f"user_{name}.py").write_text(f"from jrl.{name} import Config, make_networks\n"
+                                              f"import jrl.{name}.config\n")
+  (tmp_path / "main.py").write_text(
+      "import importlib, sys\n"
+      "import jrl\n"
+      "print('light', 'jax' not in sys.modules)\n"
+      f"for name in {sorted(AGENTS)!r}:\n"
+      "  user = importlib.import_module(f'user_{name}')\n"
+      "  real = importlib.import_module(f'jrl.agents.{name}')\n"
+      "  print(name, user.Config is real.Config, user.make_networks is real.make_networks,\n"
+      "        sys.modules[f'jrl.{name}'] is real, getattr(jrl, name) is real, real.__spec__.name == real.__name__,\n"
+      "        sys.modules[f'jrl.{name}.config'] is sys.modules[f'jrl.agents.{name}.config'])\n")
+  out = subprocess.run([sys.executable, str(tmp_path / "main.py")], cwd=tmp_path, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+  assert out.returncode == 0, out.stderr[-3000:]
+  lines = out.stdout.splitlines()
+  assert lines[0] == "light True"
+  assert lines[1:] == [f"{name} True True True True True True" for name in sorted(AGENTS)]
+
+
 @pytest.mark.parametrize("agent", [dqn, ppo, pqn, impala, sac, r2d2, td3])
 def test_agent_modules_export_the_pieces(agent):
   for piece in PIECES:
