@@ -261,6 +261,14 @@ def command(agent: str, env_id: str, topo: Topology, on_policy: bool = False, de
   return cmd
 
 
+def recommendation(t: Topology) -> str:
+  """The settings to run, as a sentence: an embedded run has no actors to count (it once read
+  `num_actors - (embedded)`) and no inference placement to choose."""
+  where = ("embedded (one process: no actors to count, the policy runs in it)" if t.placement == "embedded" else
+           f"distributed, num_actors {t.num_actors}, inference {t.placement}")
+  return f"recommended: {where}, num_envs {t.num_envs}, updates_per_call {t.updates_per_call}"
+
+
 def describe(p: Prediction) -> str:
   t = p.topology
   where = "embedded" if t.placement == "embedded" else f"{t.num_actors} actor(s), inference {t.placement}"
@@ -567,6 +575,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument("--rpc_ms", type=float, default=1.0, help="assumed round trip of one request between processes")
   parser.add_argument("--margin", type=float, default=0.15, help="a simpler topology this close to the fastest wins")
   parser.add_argument("--embedded_only", action="store_true", help="consider only embedded runs (no replay process is measured)")
+  parser.add_argument("--verbose", action="store_true",
+                      help="also show native libraries' info lines (Reverb's '[reverb/cc/...]')")
   add_dataclass_flags(parser, agent.Config, f"agent '{known.agent}'")
   args = parser.parse_args(argv)
   try:
@@ -575,6 +585,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   except ConfigError as e:
     fail(PROG, e)
 
+  missing = compat.missing_distributed_stack()
+  if not args.verbose and "reverb" not in missing:
+    # Reverb's C++ info lines (servers started and stopped, in this process and the replay one's, which
+    # shares this standard error) go straight to file descriptor 2; no logging setting turns them off.
+    from launch.quiet import hide_native_chatter
+    hide_native_chatter()
   print(f"measuring {args.agent} on {args.env} on this machine ({args.seconds} s per figure)...", flush=True)
   costs, work = measure(args.agent, args.env, cfg, args.seconds, distributed=not args.embedded_only)
   if args.cores is not None:
@@ -586,7 +602,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if load > costs.cores:
     print(f"note: this machine is busy (load {load:.1f} on {costs.cores:g} cores): the figures are slower than "
           "on a quiet machine, and a run made later may see another load")
-  missing = compat.missing_distributed_stack()
   if missing:
     print(f"distributed topologies need the jrl[distributed] extra (Python 3.10); this install lacks "
           f"{', '.join(missing)}: embedded runs only" + ("" if costs.prefetch else ", with --deterministic replay"))
@@ -609,9 +624,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       1 if work.sequence_length else ExperimentConfig.updates_per_call)
   print(f"  the defaults: {describe(predict(costs, work, defaults))}")
   t = best.topology
-  print(f"\nrecommended: num_actors {t.num_actors if t.placement != 'embedded' else '- (embedded)'}, num_envs "
-        f"{t.num_envs}, inference {'in the process' if t.placement == 'embedded' else t.placement}, "
-        f"updates_per_call {t.updates_per_call}")
+  print(f"\n{recommendation(t)}")
   print(f"predicted: {best.env_steps_per_second:,.0f} env-steps/s ({best.bound}-bound; limits: "
         + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(best.limits.items(), key=lambda kv: kv[1])) + ")")
   print(f"run it:    {command(args.agent, args.env, t, bool(work.sequence_length), deterministic=not costs.prefetch)}")

@@ -1,6 +1,10 @@
 """The topology advisor's model, on hand-made costs; its measuring, briefly."""
 
 import functools
+import os
+import pathlib
+import re
+import subprocess
 import sys
 
 import psutil
@@ -9,6 +13,7 @@ import pytest
 from launch import advise
 from launch.advise import Costs, Topology, Workload, at, predict, recommend
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 MS = 1e-3
 DQN = Workload(batch_size=128, samples_per_insert=128.0)  # one update per env step
 
@@ -146,3 +151,30 @@ def test_advise_measures_replay_in_a_process_of_its_own():
   assert c.replay_insert_cpu[4] + c.replay_sample_cpu[4] > 0  # the replay process's own CPU (its clock: 10 ms ticks)
   assert all("replay process:" in line for line in lines if line.startswith(("  env", "  learner")))
   assert not [p for p in psutil.Process().children() if "_serve_replay" in " ".join(p.cmdline())]
+
+
+def test_the_recommendation_reads_as_settings_to_run():
+  assert advise.recommendation(Topology("embedded", 1, 8, 4)) == (
+      "recommended: embedded (one process: no actors to count, the policy runs in it), num_envs 8, updates_per_call 4")
+  assert advise.recommendation(Topology("server", 3, 2, 8)) == (
+      "recommended: distributed, num_actors 3, inference server, num_envs 2, updates_per_call 8")
+
+
+@pytest.mark.slow
+@pytest.mark.needs_reverb
+def test_advise_as_typed_prints_no_native_log_lines():
+  """The docs' command (training.md), with a shorter --seconds: Reverb's C++ info lines, from this
+  process's servers and the replay process's, once made 11 of its 45 lines; the embedded
+  recommendation read `num_actors - (embedded)`."""
+  result = subprocess.run([sys.executable, "-m", "launch.advise", "--agent", "dqn", "--env", "CartPole-v1",
+                           "--seconds", "0.02"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+  output = result.stdout + result.stderr
+  assert result.returncode == 0, output[-3000:]
+  assert not [line for line in output.splitlines() if line.startswith("[reverb")], output
+  assert "- (embedded)" not in output
+  recommended = [line for line in result.stdout.splitlines() if line.startswith("recommended:")]
+  assert len(recommended) == 1 and re.fullmatch(
+      r"recommended: (embedded \(one process: no actors to count, the policy runs in it\)|"
+      r"distributed, num_actors \d+, inference (actor|server)), num_envs \d+, updates_per_call \d+", recommended[0])
+  assert "replay process:" in result.stdout  # the distributed figures were measured: Reverb ran in two processes
