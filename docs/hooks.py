@@ -7,6 +7,13 @@ fields: the flag, its type, its default and the field's trailing `# comment` (th
 (`# Optimiser.`). The tables are made from the code at build time, so
 they cannot drift from it.
 
+Text in angle brackets outside a code span (`runs/<agent>-<env>-s<seed>-<time>`, in a field's
+comment or a page) reaches the HTML as tags, and the browser shows nothing of them
+(`runs/--s-`); `mkdocs build --strict` does not see it. The table cells escape them, and
+`on_page_content` checks every rendered page: an element that is opened and never closed (a
+placeholder read as a tag, `<agent>`, or `<time>`, which is an HTML element too) or closed and never
+opened is a warning, which --strict makes a failed build (`swallowed_tags`).
+
 Docstrings write array shapes in brackets (`metrics["priorities"] [B]`), which Markdown reads as a
 reference link to an object named `B`; `on_page_content` turns such shape references back into
 text before mkdocs-autorefs would report them as missing cross-references.
@@ -14,18 +21,25 @@ text before mkdocs-autorefs would report them as missing cross-references.
 
 import dataclasses
 import html
+import html.parser
 import importlib
 import inspect
+import logging
 import re
 import sys
 import typing
 from typing import Any, List, Optional, Tuple, Type
+
+log = logging.getLogger("mkdocs.hooks.jrl")  # under "mkdocs": its warnings count for --strict
 
 MARKER = re.compile(r"^<!-- jrl:config-table ([\w.]+):(\w+) -->$", re.MULTILINE)
 AUTOREF = re.compile(r'<autoref (?P<attrs>[^>]*)>(?P<title>.*?)</autoref>', re.DOTALL)
 IDENTIFIER = re.compile(r'identifier="(?P<id>[^"]*)"')
 # A shape, not an object: one or two capitals (B, T, U, E), or anything with a comma, space or star.
 SHAPE = re.compile(r"[A-Z][A-Z0-9]?|.*[, *].*")
+CODE_SPAN = re.compile(r"(`+)(?:.+?)\1")
+# Elements without an end tag (https://html.spec.whatwg.org/#void-elements).
+VOID = frozenset("area base br col embed hr img input link meta param source track wbr".split())
 
 
 def _import_config(module_name: str, class_name: str) -> Type:
@@ -99,8 +113,17 @@ def _group(cls: Type, name: str) -> str:
   return " ".join(line.strip()[1:].strip() for line in lines[first:index])
 
 
+def _escape_outside_code(text: str) -> str:
+  """`<` and `>` as entities except inside code spans, where Markdown shows them as typed."""
+  out, last = [], 0
+  for span in CODE_SPAN.finditer(text):
+    out += [text[last:span.start()].replace("<", "&lt;").replace(">", "&gt;"), span.group(0)]
+    last = span.end()
+  return "".join(out + [text[last:].replace("<", "&lt;").replace(">", "&gt;")])
+
+
 def _cell(text: str) -> str:
-  return text.replace("|", "\\|")
+  return _escape_outside_code(text).replace("|", "\\|")
 
 
 def _groups(cls: Type) -> List[Tuple[str, List[dataclasses.Field]]]:
@@ -144,6 +167,44 @@ def _unlink_shapes(match: "re.Match[str]") -> str:
   return match.group(0)
 
 
+class _TagBalance(html.parser.HTMLParser):
+  """Start and end tags paired as a stack; what does not pair is collected."""
+
+  def __init__(self) -> None:
+    super().__init__(convert_charrefs=True)
+    self.open: List[str] = []
+    self.unpaired: List[str] = []
+
+  def handle_starttag(self, tag: str, attrs: Any) -> None:
+    if tag not in VOID:
+      self.open.append(tag)
+
+  def handle_endtag(self, tag: str) -> None:
+    if tag in VOID:
+      return
+    if tag not in self.open:
+      self.unpaired.append(f"</{tag}>")
+      return
+    at = len(self.open) - 1 - self.open[::-1].index(tag)
+    self.unpaired += [f"<{inner}>" for inner in self.open[at + 1:]]  # opened inside this element, never closed
+    del self.open[at:]
+
+
+def swallowed_tags(content: str) -> List[str]:
+  """The tags of a rendered page (HTML) that do not pair up, in order: `<agent>` for a placeholder
+  the browser reads as an element (and shows nothing of). Markdown, the Python handler of
+  mkdocstrings and the extensions of mkdocs.yml close every element they open, so a rendered page
+  has none unless text in angle brackets reached it as HTML."""
+  parser = _TagBalance()
+  parser.feed(content)
+  parser.close()
+  return parser.unpaired + [f"<{tag}>" for tag in parser.open]
+
+
 def on_page_content(content: str, page: Any, config: Any, files: Any) -> str:
-  del page, config, files
+  del config, files
+  swallowed = swallowed_tags(content)
+  if swallowed:
+    log.warning(f"{page.file.src_uri}: text in angle brackets reached the page as HTML tags, which the browser "
+                f"does not show: {', '.join(dict.fromkeys(swallowed))}; write it in a code span or as &lt;...&gt;")
   return AUTOREF.sub(_unlink_shapes, content)

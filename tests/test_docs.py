@@ -93,6 +93,42 @@ def test_config_tables_are_generated_from_the_dataclasses(built_site):
   assert all(f"--{field.name}<" in html for field in dataclasses.fields(ExperimentConfig))
 
 
+def test_placeholders_in_angle_brackets_show_on_the_built_pages(built_site):
+  """The run_dir field's comment, `runs/<agent>-<env>-s<seed>-<time>`, once showed as `runs/--s-`."""
+  site, _ = built_site
+  for page in ("training.html", "api/experiment-config.html"):
+    assert "runs/&lt;agent&gt;-&lt;env&gt;-s&lt;seed&gt;-&lt;time&gt;" in (site / page).read_text(), page
+
+
+def _hooks():
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("jrl_docs_hooks", DOCS / "hooks.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_the_build_finds_text_swallowed_as_html_tags():
+  """The check `on_page_content` runs on every rendered page (a warning: --strict fails the build),
+  fed pages rendered as the site renders them: the defect, in a table and in a paragraph, and the
+  same text escaped or in a code span."""
+  markdown = pytest.importorskip("markdown")  # requirements-docs.txt
+  hooks = _hooks()
+
+  def render(text):
+    return markdown.markdown(text, extensions=["tables", "attr_list", "md_in_html", "admonition"])
+
+  table = "| flag | meaning |\n|---|---|\n| `--run_dir` | empty means {} |\n"
+  placeholder = "runs/<agent>-<env>-s<seed>-<time>"
+  assert hooks.swallowed_tags(render(table.format(placeholder))) == ["<agent>", "<env>", "<seed>", "<time>"]
+  assert hooks.swallowed_tags(render(f"Runs go to {placeholder}/ by default.")) == [
+      "<agent>", "<env>", "<seed>", "<time>"]
+  assert hooks.swallowed_tags(render(table.format(hooks._cell(placeholder)))) == []
+  assert hooks.swallowed_tags(render(f"Runs go to `{placeholder}/` by default.\n\n<!-- a comment -->\n\n"
+                                     "a &lt;b&gt; line<br>\n\n!!! note\n    text\n")) == []
+  assert hooks._cell("`<x>` or <y> | z") == "`<x>` or &lt;y&gt; \\| z"  # code spans show < as typed
+
+
 def test_api_reference_renders_the_docstrings(built_site):
   site, _ = built_site
   replay = (site / "api" / "replay.html").read_text()
