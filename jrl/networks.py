@@ -135,9 +135,11 @@ def make_torso(name: str, observation_shape: Sequence[int], hidden_sizes: Sequen
   return {"nature_cnn": NatureCNN, "impala_resnet": ImpalaResNet, "small_cnn": SmallCNN}[name]()
 
 
-def example_observation(spec) -> jnp.ndarray:
-  """Zeros [1, *obs_shape] in the spec's observation dtype, to initialise networks."""
-  return jnp.zeros((1,) + tuple(spec.observation_shape), np.dtype(spec.observation_dtype))
+def example_observation(spec) -> np.ndarray:
+  """Zeros [1, *obs_shape] in the spec's observation dtype, to initialise networks. A numpy array,
+  not a JAX one: building an agent's networks then starts no JAX backend, so a launcher that builds
+  them to check its config forks its node processes without JAX's threads (and its os.fork() warning)."""
+  return np.zeros((1,) + tuple(spec.observation_shape), np.dtype(spec.observation_dtype))
 
 
 class QNetwork(nn.Module):

@@ -8,7 +8,9 @@ By default the episodes are those of the snapshot's own evaluation in the run (t
 run's eval_episodes, the evaluator seed and evaluation index its .json records), so
 `--which best` repeats the run's best evaluation exactly. `--seed S` runs other
 episodes: env i resets with seed S + i. `--video` also writes those episodes, one
-after another, to an H.264 MP4.
+after another, to an H.264 MP4: a relative path is inside RUN_DIR (`--video best.mp4` writes
+RUN_DIR/best.mp4, its folders made as needed), as the run's other outputs are, not in the current
+folder; an absolute path is used as given.
 
 Runs of `--backend device` (gymnax envs) are evaluated as their runs evaluated, on device: the
 episodes of evaluation k reset with the key of the evaluator seed and k (`--seed S`: of S and 0).
@@ -49,14 +51,22 @@ def _format(value) -> str:
   return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def _check_video_path(path: str) -> None:
+def video_path(run_dir: str, path: str) -> str:
+  """Where `--video PATH` writes: a relative PATH inside the run directory, so that a video of a
+  run lies with the run (and `--video out.mp4` run from the repository root does not leave a file
+  there); an absolute PATH as given."""
+  return path if os.path.isabs(path) else os.path.join(run_dir, path)
+
+
+def _check_video_path(path: str, inside_run: bool) -> None:
+  """`path` as `video_path` resolved it; a missing folder is made inside a run, refused outside."""
   from jrl.errors import ConfigError
   if not path.lower().endswith(".mp4"):
     raise ConfigError("video", f"must name an .mp4 file, got '{path}'")
   if os.path.isdir(path):
     raise ConfigError("video", f"'{path}' is a folder")
   directory = os.path.dirname(os.path.abspath(path))
-  if not os.path.isdir(directory):
+  if not inside_run and not os.path.isdir(directory):
     raise ConfigError("video", f"folder '{directory}' does not exist")
 
 
@@ -71,7 +81,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument("--episodes", type=int, default=None, help="episodes (default: the run's eval_episodes)")
   parser.add_argument("--seed", type=int, default=None,
                       help="env i resets with seed + i (default: the snapshot's evaluation in the run)")
-  parser.add_argument("--video", metavar="FILE.mp4", default=None, help="also write the episodes to an MP4")
+  parser.add_argument("--video", metavar="FILE.mp4", default=None,
+                      help="also write the episodes to an MP4 (a relative path is inside RUN_DIR)")
   args = parser.parse_args(argv)
 
   import numpy as np
@@ -82,13 +93,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   try:
     if args.episodes is not None and args.episodes <= 0:
       raise ConfigError("episodes", f"must be > 0, got {args.episodes}")
-    if args.video is not None:
-      _check_video_path(args.video)
-    snapshot = load_snapshot(args.run_dir, args.which)
+    snapshot = load_snapshot(args.run_dir, args.which)  # first: a missing run is named as such
+    video = None if args.video is None else video_path(args.run_dir, args.video)
+    if video is not None:
+      _check_video_path(video, inside_run=not os.path.isabs(args.video))
     exp, parts = snapshot.experiment, snapshot.parts
-    if args.video is not None and exp.backend == "device":
+    if video is not None and exp.backend == "device":
       raise ConfigError("video", f"the run's gymnax env ({exp.env}) does not render; videos are of gymnasium envs")
-    if args.video is not None:
+    if video is not None:
       from jrl.video import check_renders
       check_renders(exp.env)
   except ConfigError as e:
@@ -114,12 +126,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   print(f"return {np.mean(returns):.3f} ± {np.std(returns):.3f} over {episodes} episodes "
         f"({exp.env}, seed {seed}, evaluation {index}: {resets})", flush=True)
 
-  if args.video is not None:
+  if video is not None:
     from jrl.video import record_episodes
-    video = record_episodes(args.video, exp.env, policy, snapshot.params, episodes, seed, index)
-    print(f"video: {args.video} ({episodes} episodes, returns {', '.join(f'{r:g}' for r in video.returns)}; "
-          f"{video.frames} frames {video.width}x{video.height} at {video.fps} fps, "
-          f"{video.bytes / 1e6:.2f} MB, {video.seconds:.1f} s)")
+    os.makedirs(os.path.dirname(os.path.abspath(video)), exist_ok=True)
+    stats = record_episodes(video, exp.env, policy, snapshot.params, episodes, seed, index)
+    print(f"video: {video} ({episodes} episodes, returns {', '.join(f'{r:g}' for r in stats.returns)}; "
+          f"{stats.frames} frames {stats.width}x{stats.height} at {stats.fps} fps, "
+          f"{stats.bytes / 1e6:.2f} MB, {stats.seconds:.1f} s)")
   return 0
 
 

@@ -66,6 +66,9 @@ REPLY_PATIENCE_SECONDS = 2.0
 # and how often.
 TIMES_DIR = os.path.join("logs", "times")
 TIMES_EVERY_SECONDS = 2.0
+# The evaluator repeats a progress line whose env steps (and lost hosts) have not changed only this
+# often: while the actors start (imports, compiles) the count stays at its start, and one line says so.
+STILL_PROGRESS_SECONDS = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -685,6 +688,7 @@ class EvaluatorNode:
     next_eval = (last_evaluated // exp.eval_every + 1) * exp.eval_every
     last_time = time.monotonic()
     params, last_eval = None, {}
+    printed, printed_at = None, 0.0  # the env steps (and lost hosts) of the last progress line, and when
     while not self._pause():
       times.maybe_write()
       now = time.monotonic()
@@ -710,9 +714,12 @@ class EvaluatorNode:
           save_policy(run_dir, "best", params, last_eval)
       elapsed = max(counts.get("wall_seconds", 0.0), 1e-9)
       lost = liveness.describe_lost(liveness.read_lost(run_dir))  # hosts the launcher found lost
-      progress.maybe_print(f"steps {actor_steps:.0f}/{exp.steps} | {actor_steps / elapsed:.0f} env-steps/s | "
-                           f"updates {counts.get('learner_steps', 0):.0f} | episodes {counts.get('episodes', 0):.0f} | "
-                           f"eval {eval_text(history)}" + (f" | lost {lost}" if lost else ""), force=done)
+      moved = (actor_steps, lost) != printed or time.monotonic() - printed_at >= STILL_PROGRESS_SECONDS
+      if (moved or done) and progress.maybe_print(
+          f"steps {actor_steps:.0f}/{exp.steps} | {actor_steps / elapsed:.0f} env-steps/s | "
+          f"updates {counts.get('learner_steps', 0):.0f} | episodes {counts.get('episodes', 0):.0f} | "
+          f"eval {eval_text(history)}" + (f" | lost {lost}" if lost else ""), force=done):
+        printed, printed_at = (actor_steps, lost), time.monotonic()
       if done or (exp.stop_at_threshold and history.reached):
         break
     else:

@@ -4,6 +4,7 @@ import csv
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -74,6 +75,13 @@ def test_program_runs_end_to_end_and_exits_cleanly(tmp_path):
   assert os.path.exists(run_dir / "plots" / "learning_curve.png")
   assert os.path.exists(run_dir / "logs" / "learner" / "0")
   assert "steps " in out.stdout  # progress lines reach the launcher's terminal
+  # The launcher starts no JAX backend before it forks its nodes: no JAX os.fork() warning. The
+  # progress lines' env steps move from each to the next (start-up printed once), and the closing
+  # line rounds the batch mean.
+  assert "os.fork()" not in out.stderr, out.stderr[-3000:]
+  shown = [int(line.split(" steps ")[1].split("/")[0]) for line in out.stdout.splitlines() if "] steps " in line]
+  assert len(shown) >= 2 and all(a < b for a, b in zip(shown, shown[1:])), out.stdout
+  assert re.search(r"inference batch mean \d+\.\d\d, policy lag mean", out.stdout), out.stdout[-1000:]
   # The run report: every node's phases, adding up to its wall time; a named bottleneck.
   text = open(run_dir / "report.md").read()
   assert summary["bottleneck"] in ("env", "policy", "inference", "replay", "learner", "params", "other")

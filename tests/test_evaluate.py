@@ -136,6 +136,16 @@ def test_video_is_a_playable_h264_mp4(run_dir, tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["out.mp4"]  # no temporary file left behind
 
 
+def test_a_relative_video_path_is_inside_the_run():
+  """`--video out.mp4` once wrote into the working directory (the repository root, for the docs'
+  commands); the run's other outputs are in its folder. tests/test_front_door.py runs it."""
+  from launch.evaluate import video_path
+  assert video_path("runs/dqn-s0", "out.mp4") == os.path.join("runs/dqn-s0", "out.mp4")
+  assert video_path("runs/dqn-s0", "videos/best.mp4") == os.path.join("runs/dqn-s0", "videos", "best.mp4")
+  absolute = os.path.join(os.path.abspath(os.sep), "tmp", "out.mp4")
+  assert video_path("runs/dqn-s0", absolute) == absolute
+
+
 @pytest.mark.slow
 def test_bad_input_gives_one_line_and_status_2(run_dir, tmp_path):
   no_latest = str(tmp_path / "no_latest")

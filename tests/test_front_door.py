@@ -53,10 +53,12 @@ def test_relative_run_dir_through_final_checkpoint_resume_and_evaluate(tmp_path,
   out = _run("launch.evaluate", "rel/run", "--which", "final", "--episodes", "2", cwd=tmp_path)
   assert out.returncode == 0, out.stderr[-3000:]
   assert out.stdout.startswith("final policy of rel/run: actor_steps 2400")
-  if replay == "reverb":  # and a video of it, to a relative file
-    out = _run("launch.evaluate", "rel/run", "--episodes", "1", "--video", "rel/best.mp4", cwd=tmp_path)
+  if replay == "reverb":  # and a video of it, to a relative file: inside the run, not in the working directory
+    out = _run("launch.evaluate", "rel/run", "--episodes", "1", "--video", "videos/best.mp4", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "video: rel/best.mp4 (1 episodes" in out.stdout and (tmp_path / "rel" / "best.mp4").stat().st_size > 1000
+    assert "video: rel/run/videos/best.mp4 (1 episodes" in out.stdout
+    assert (tmp_path / "rel" / "run" / "videos" / "best.mp4").stat().st_size > 1000
+    assert sorted(os.listdir(tmp_path)) == ["rel"] and sorted(os.listdir(tmp_path / "rel")) == ["run"]
 
 
 def test_relative_sweep_folder_runs_every_seed_and_reports(tmp_path):

@@ -76,8 +76,9 @@ def make_networks(agent: str, spec: EnvSpec, hidden_sizes: Sequence[int], defaul
   action_dim = check_bounded_box(agent, spec)
   policy = module if module is not None else default_policy(action_dim)
   critic = critic if critic is not None else TwinQ(tuple(hidden_sizes))
-  obs = jnp.zeros((1,) + spec.observation_shape, jnp.float32)
-  act = jnp.zeros((1, action_dim), jnp.float32)
+  # numpy, not JAX, examples: building the networks starts no JAX backend (see jrl.networks.example_observation).
+  obs = np.zeros((1,) + spec.observation_shape, np.float32)
+  act = np.zeros((1, action_dim), np.float32)
   policy_init, policy_apply = init_apply(policy, obs)
   q_init, q_apply = init_apply(critic, obs, act)
   return Networks(policy_init=policy_init, policy_apply=policy_apply, q_init=q_init, q_apply=q_apply,

@@ -174,8 +174,11 @@ class Progress:
     self._seconds = seconds
     self._last = 0.0
 
-  def maybe_print(self, text: str, force: bool = False) -> None:
+  def maybe_print(self, text: str, force: bool = False) -> bool:
+    """Prints `text` if its time has come (or `force`); whether it did."""
     now = time.monotonic()
     if self._seconds > 0 and (force or now - self._last >= self._seconds):
       self._last = now
       print(f"[{self._prefix}] {text}", flush=True)
+      return True
+    return False
