@@ -97,10 +97,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
       details = summary["details"]
+      batch_mean = details["inference_batch_mean"]  # None without inference servers
       print(f"done: {summary['actor_steps']} env steps, eval {summary['eval_return']:.1f} "
             f"(best {summary['best_eval_return']:.1f}), steps to threshold {summary['steps_to_threshold']}, "
-            f"inference batch mean {details['inference_batch_mean']}, policy lag mean "
-            f"{details['policy_lag_mean']:.2f}"
+            + (f"inference batch mean {batch_mean:.2f}, " if batch_mean is not None else "")
+            + f"policy lag mean {details['policy_lag_mean']:.2f}"
             + (f", lost hosts {', '.join(details['lost_hosts'])} (nodes {', '.join(details['lost_nodes'])})"
                if details["lost_hosts"] else "") + f" | {summary['run_dir']}", flush=True)
     else:
