@@ -2,6 +2,8 @@
 
 import argparse
 import dataclasses
+import difflib
+import fractions
 import functools
 import sys
 import typing
@@ -21,9 +23,20 @@ class OneLineParser(argparse.ArgumentParser):
   def error(self, message: str) -> NoReturn:
     if message.startswith("unrecognized arguments"):
       unknown = message.split(":", 1)[1].strip()
-      message = f"unknown config field or flag: {unknown} (see --help)"
+      message = self._unknown_flag(unknown.split()) or f"unknown config field or flag: {unknown} (see --help)"
     print(f"{self.prog}: error: {message}", file=sys.stderr)
     sys.exit(2)
+
+  def _unknown_flag(self, unknown: Sequence[str]) -> Optional[str]:
+    """'unknown flag --X; did you mean --Y?' for the first unknown flag (the closest listed flag, if
+    any is close); None when no unknown word is a flag."""
+    flag = next((word.split("=", 1)[0] for word in unknown if word.startswith("--")), None)
+    if flag is None:
+      return None
+    listed = [option for action in self._actions if action.help != argparse.SUPPRESS
+              for option in action.option_strings if option.startswith("--")]
+    close = difflib.get_close_matches(flag, listed, n=1, cutoff=0.75)
+    return f"unknown flag {flag}; " + (f"did you mean {close[0]}?" if close else "see --help for the flags")
 
 
 def parse_bool(text: str) -> bool:
@@ -33,6 +46,27 @@ def parse_bool(text: str) -> bool:
   if lowered in ("0", "false", "no", "off"):
     return False
   raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+# Suffixes an integer flag may end with: --steps 100k, 2M.
+INT_SUFFIXES = {"k": 10**3, "K": 10**3, "M": 10**6}
+
+
+def parse_int(text: str) -> int:
+  """An integer written as people write step counts: 100000, 100_000, 1e5, 100k, 2.5M; refuses what
+  is not a whole number (1.5e0, 0.0005k). Exact (a fraction, not a float): 1.0000000000000001e0 is
+  refused, not rounded to 1."""
+  word = str(text).strip().replace("_", "")
+  scale = INT_SUFFIXES.get(word[-1:], 1)
+  if scale != 1:
+    word = word[:-1]
+  try:
+    value = fractions.Fraction(word) * scale if "/" not in word else None  # Fraction also reads '3/1'
+  except ValueError:  # not a number, or 'inf', 'nan'
+    value = None
+  if value is None or value.denominator != 1:
+    raise argparse.ArgumentTypeError(f"expected a whole number (e.g. 100000, 1e5, 100k, 2M), got '{text}'")
+  return int(value)
 
 
 def parse_int_tuple(text: str) -> Tuple[int, ...]:
@@ -99,7 +133,7 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: Type, title: str, 
       group.add_argument(f"--{field.name}", type=parse_int_tuple, default=None, metavar="N,N",
                          help=f"{doc} (default {','.join(map(str, default))})")
     else:
-      group.add_argument(f"--{field.name}", type=hint, default=None,
+      group.add_argument(f"--{field.name}", type=parse_int if hint is int else hint, default=None,
                          metavar=hint.__name__.upper(), help=f"{doc} (default {default})")
 
 

@@ -11,6 +11,7 @@ progress, and returns the program's exit status. Ctrl-C cancels the job.
 import glob
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,6 +29,8 @@ EXIT_STATUS_FILE = multihost.EXIT_STATUS_FILE
 # How long the launcher waits for the job (or the host commands) to end once the program has
 # stopped, before it ends them itself.
 STOP_GRACE_SECONDS = 30.0
+# What --launcher slurm runs: node addresses, the job's submission, its state, its cancellation.
+SLURM_COMMANDS = ("scontrol", "sbatch", "squeue", "scancel")
 
 
 class ProgressEcho(threading.Thread):
@@ -243,10 +246,21 @@ def resolve_placement(exp) -> Placement:
   return parse_placement(exp.placement or default_placement(hosts), hosts, group_counts(exp))
 
 
+def require_slurm() -> None:
+  """ConfigError('launcher') naming Slurm's commands this host lacks: checked before anything is
+  written, so a machine without Slurm hears so in one line, not as a missing file mid-launch."""
+  missing = [command for command in SLURM_COMMANDS if shutil.which(command) is None]
+  if missing:
+    raise ConfigError("launcher", f"Slurm's commands ({', '.join(missing)}) are not installed here: --launcher slurm "
+                                  "needs a Slurm cluster (without one: --launcher template --host_command "
+                                  "'ssh {host} {command}')")
+
+
 def resolve_hosts(exp) -> Tuple[Host, ...]:
   """`--hosts` with every host's address (Slurm's NodeAddr where not given); ConfigError."""
   hosts = parse_hosts(exp.hosts)
   if exp.launcher == "slurm":
+    require_slurm()
     missing = [h.name for h in hosts if not h.address]
     try:
       found = slurm_addresses(missing) if missing else {}
