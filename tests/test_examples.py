@@ -141,16 +141,26 @@ def test_custom_agent_and_env_factory_distributed(tmp_path):
 
 
 @pytest.mark.slow
-def test_seed_sweep_example_compares_two_agents_in_one_report(tmp_path, monkeypatch):
+def test_seed_sweep_example_compares_two_agents_in_one_report(tmp_path, monkeypatch, capsys):
+  """Into its own folder by default: it wrote runs/compare, where the sweeps page has a user's
+  `launch.report` write, and replaced a user's comparison."""
   from examples import seed_sweep
-  monkeypatch.chdir(tmp_path)  # its folders are relative, as a user gives them
-  status = seed_sweep.main(["--seeds", "0-1", "--parallel", "2", "--steps", "1600", "--out", "cmp", "--deterministic",
+  monkeypatch.chdir(tmp_path)  # its folders are relative, as a user's are: tmp_path stands for the repository
+  (tmp_path / "runs" / "compare").mkdir(parents=True)
+  (tmp_path / "runs" / "compare" / "report.md").write_text("a user's comparison")
+  status = seed_sweep.main(["--seeds", "0-1", "--parallel", "2", "--steps", "1600", "--deterministic",
                             "--eval_every", "800", "--eval_episodes", "2", "--progress_seconds", "0"])
   assert status == 0
-  report = json.load(open(tmp_path / "cmp" / "report.json"))
+  out = tmp_path / "runs" / "examples" / "seed_sweep"
+  report = json.load(open(out / "report.json"))
   groups = {(g["agent"], g["env"]): len(g["scores"]) for g in report["groups"]}
   assert groups == {("dqn", "CartPole-v1"): 2, ("ppo", "CartPole-v1"): 2}, groups
-  assert (tmp_path / "cmp" / "report.md").is_file()
+  assert (out / "report.md").is_file() and sorted(os.listdir(tmp_path / "runs")) == ["compare", "examples"]
+  assert os.listdir(tmp_path / "runs" / "compare") == ["report.md"]
+  assert (tmp_path / "runs" / "compare" / "report.md").read_text() == "a user's comparison"
+  printed = capsys.readouterr().out.splitlines()
+  assert printed[0] == "seed_sweep: dqn,ppo on CartPole-v1, seeds 0-1, into runs/examples/seed_sweep/", printed[:3]
+  assert printed[-1].endswith("| runs/examples/seed_sweep/report.md"), printed[-3:]
 
 
 @pytest.mark.in_pairs
