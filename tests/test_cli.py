@@ -185,9 +185,11 @@ def test_step_counts_are_read_as_people_write_them_and_fractions_are_refused(tmp
 def test_a_misspelled_flag_gets_a_did_you_mean(tmp_path):
   assert _refused(["--learning_rat", "0.1"], tmp_path) == [
       "python -m launch.train: error: unknown flag --learning_rat; did you mean --learning_rate?"]
-  assert _refused(["--stesp=5000"], tmp_path) == ["python -m launch.train: error: unknown flag --stesp; did you mean --steps?"]
+  assert _refused(["--stesp=5000"], tmp_path) == [
+      "python -m launch.train: error: unknown flag --stesp; did you mean --steps?"]
   # Nothing close: no guess. The fault tests' hidden flags (launch/faults.py) are never suggested.
-  assert _refused(["--zzzzzz"], tmp_path) == ["python -m launch.train: error: unknown flag --zzzzzz; see --help for the flags"]
+  assert _refused(["--zzzzzz"], tmp_path) == [
+      "python -m launch.train: error: unknown flag --zzzzzz; see --help for the flags"]
   assert _refused(["--crash_learner_afte", "3"], tmp_path) == [
       "python -m launch.train: error: unknown flag --crash_learner_afte; see --help for the flags"]
 
@@ -218,5 +220,5 @@ def test_the_slurm_launcher_without_slurm_says_so_in_one_line(tmp_path):
       "installed here: --launcher slurm needs a Slurm cluster (without one: --launcher template --host_command "
       "'ssh {host} {command}')"]
   # Addresses given (no scontrol needed to find them): still refused before the job is written.
-  assert _refused(["--distributed", "--launcher", "slurm", "--hosts", "a=10.0.0.1,b=10.0.0.2"], tmp_path, env)[0].startswith(
-      "python -m launch.train: error: launcher: Slurm's commands")
+  refused = _refused(["--distributed", "--launcher", "slurm", "--hosts", "a=10.0.0.1,b=10.0.0.2"], tmp_path, env)
+  assert refused[0].startswith("python -m launch.train: error: launcher: Slurm's commands"), refused
