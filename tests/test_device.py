@@ -243,9 +243,9 @@ def test_ppo_reaches_475_on_gymnax_cartpole_and_writes_the_run_directory(tmp_pat
 def _short_run(tmp_path, name, agent, steps, chunk_steps=None, **exp_fields):
   from jrl.device.runner import run_device
   cfg = dqn.Config(min_replay_size=256, epsilon_decay_steps=1_000) if agent == "dqn" else ppo.Config()
-  exp = ExperimentConfig(agent=agent, env="gymnax:CartPole-v1", backend="device", seed=3, steps=steps,
-                         eval_every=1_024, eval_episodes=4, run_dir=str(tmp_path / name), progress_seconds=0,
-                         **exp_fields)
+  exp = ExperimentConfig(**{"agent": agent, "env": "gymnax:CartPole-v1", "backend": "device", "seed": 3, "steps": steps,
+                            "eval_every": 1_024, "eval_episodes": 4, "run_dir": str(tmp_path / name),
+                            "progress_seconds": 0, **exp_fields})
   return run_device(exp, cfg, chunk_steps=chunk_steps)
 
 
@@ -418,3 +418,71 @@ def test_prioritized_sampling_follows_priorities_and_updates_them():
   updated = device_replay.update_priorities(ring, jnp.asarray([[0, 0]]), jnp.asarray([[1, 1]]),
                                             jnp.asarray([[0.5, 0.25]]))
   assert float(updated.priority[0, 1]) == 0.5 and float(updated.priority[0, 0]) == 1.0
+
+
+@pytest.mark.in_pairs
+@pytest.mark.slow
+@pytest.mark.needs_gymnax
+def test_evaluations_inside_one_chunk_keep_the_best_parameters_and_stop_at_the_threshold(tmp_path, capsys):
+  """Nine evaluations in one compiled chunk (every 256 steps of 2,048, and the last): the best
+  policy saved is the parameters of the best of them (launch.evaluate plays its return again),
+  the final one the last's; with --stop_at_threshold the run ends at the first evaluation at or
+  above the threshold, though the chunk had iterations left."""
+  from launch import evaluate
+  summary = _short_run(tmp_path, "run", "dqn", 2_048, chunk_steps=2_048, eval_every=256)
+  rows = _read(tmp_path / "run" / "metrics" / "evaluator.csv")
+  returns = [float(r["eval_return"]) for r in rows]
+  assert [int(r["actor_steps"]) for r in rows] == list(range(256, 2_049, 256))
+  assert summary["details"]["device_evaluations"] == 8 and summary["evaluations"] == 8
+  best = json.loads((tmp_path / "run" / "policies" / "best.json").read_text())
+  assert best["eval_return"] == max(returns) and best["eval_index"] == returns.index(max(returns)), (best, returns)
+  assert best["eval_index"] < 7 and max(returns) > returns[-1], returns  # a best inside the chunk, not its last
+  for which in ("best", "final"):
+    recorded = json.loads((tmp_path / "run" / "policies" / f"{which}.json").read_text())
+    capsys.readouterr()
+    assert evaluate.main([str(tmp_path / "run"), "--which", which]) == 0
+    assert f"return {recorded['eval_return']:.3f} ± " in capsys.readouterr().out, which
+  # The threshold: the first evaluation reaching it ends the run, mid-chunk.
+  threshold = sorted(set(returns))[-2]  # reached before the last evaluation
+  first = next(i for i, r in enumerate(returns) if r >= threshold)
+  stopped = _short_run(tmp_path, "stopped", "dqn", 2_048, chunk_steps=2_048, eval_every=256, stop_at_threshold=True,
+                       reward_threshold=threshold)
+  assert stopped["actor_steps"] == stopped["steps_to_threshold"] == 256 * (first + 1) < 2_048, (stopped, returns)
+  assert [float(r["eval_return"]) for r in _read(tmp_path / "stopped" / "metrics" / "evaluator.csv")] == \
+      returns[:first + 1]
+
+
+BEFORE_IN_LOOP_EVALUATION = "18d3c4a"  # the last commit whose device runs evaluated between chunks, on the host
+
+
+@pytest.mark.in_pairs
+@pytest.mark.slow
+@pytest.mark.needs_gymnax
+def test_a_device_checkpoint_written_before_evaluation_moved_into_the_loop_resumes(tmp_path):
+  """A device DQN run written by the code before evaluations moved into the compiled chunk (from
+  git, run here), stopped at 1,024 steps and resumed by today's code to 3,072, ends with the bytes
+  of today's run never stopped, and the same evaluations."""
+  code = tmp_path / "writer"
+  code.mkdir()
+  archive = subprocess.run(["git", "-C", ROOT, "archive", BEFORE_IN_LOOP_EVALUATION, "jrl", "launch"],
+                           capture_output=True)
+  if archive.returncode != 0:
+    pytest.skip(f"commit {BEFORE_IN_LOOP_EVALUATION} is not in this checkout's git history")
+  subprocess.run(["tar", "-x", "-C", str(code)], input=archive.stdout, check=True)
+  flags = ["--agent", "dqn", "--env", "gymnax:CartPole-v1", "--backend", "device", "--seed", "3", "--eval_every",
+           "1024", "--eval_episodes", "4", "--min_replay_size", "256", "--epsilon_decay_steps", "1000",
+           "--progress_seconds", "0"]
+  old = subprocess.run([sys.executable, "-m", "launch.train", *flags, "--steps", "1024",
+                        "--run_dir", str(tmp_path / "old")], cwd=code, capture_output=True, text=True, timeout=600)
+  assert old.returncode == 0, old.stderr[-3000:]
+  resumed = subprocess.run([sys.executable, "-m", "launch.train", "--resume", str(tmp_path / "old"), "--steps", "3072",
+                            "--progress_seconds", "0"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  whole = _short_run(tmp_path, "whole", "dqn", 3_072)
+  with open(tmp_path / "old" / "summary.json") as f:
+    after = json.load(f)
+  assert after["resumed"] and after["actor_steps"] == 3_072
+  assert after["params_digest"] == whole["params_digest"]
+  evals = lambda name: [(r["actor_steps"], r["learner_steps"], r["eval_return"])
+                        for r in _read(tmp_path / name / "metrics" / "evaluator.csv")]
+  assert evals("old") == evals("whole") and len(evals("whole")) == 3

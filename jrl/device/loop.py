@@ -9,9 +9,12 @@ sequences) into the on-device ring buffer, and the learner calls that step makes
 steps that fill whole batches of trajectories, then one learner call per batch in FIFO order
 (each trajectory used once, as the Reverb queue does: `rollout_iteration`). Rewards are
 clipped as the kind's `reward_clip` says, where the host's adder clips them; the episode
-returns reported stay the env's own. A *chunk* is a `lax.scan` of iterations,
-compiled once (ahead of time) into one `jax.jit` program; the host runs chunks
-and, between them, only writes metrics, evaluates, saves policies and prints.
+returns reported stay the env's own. A *chunk* is a loop of iterations with the run's
+evaluations among them (greedy episodes on device, at the points the host schedules), compiled
+once (ahead of time) into one `jax.jit` program whose trip count is an input. It returns its
+metric sums reduced on device, per stretch between metric rows and evaluations, and the
+evaluations' returns: the host writes rows, records evaluations, saves policies, checkpoints and
+prints between chunks, a few array transfers each, about `HOST_SYNCS` times a run.
 
 Agents are used as they are: `make_policy(...).select_action` acts,
 `make_learner(...).update` learns, on the same `Transition` / `LearnerBatch`
@@ -75,16 +78,27 @@ def build_device_parts(agent_name: str, env: GymnaxVecEnv, agent_cfg) -> AgentPa
   return AgentParts(agent, env.spec, networks, agent.make_replay_spec(agent_cfg))
 
 
+# A device run returns to its host about this many times (fewer for short runs, more for long ones
+# whose chunks reach MAX_CHUNK_STEPS): each return costs a few array transfers and the host's
+# bookkeeping, so it is the run's host-sync budget; between returns, evaluations, metric rows and
+# the run's end all fall inside the compiled chunk. MAX_CHUNK_STEPS keeps a chunk to seconds (progress
+# lines, wall-time checkpoints, Ctrl-C) on the slowest device we run on (one CPU core).
+HOST_SYNCS = 64
+MAX_CHUNK_STEPS = 131_072
+
+
 class Plan(NamedTuple):
   """The loop's shape: how many env steps an iteration and a chunk take (the item kind's
-  `device_layout`)."""
+  `device_layout`), and the static sizes of a chunk's outputs."""
   kind: Any                 # the agent's item kind (`jrl.replay.kinds`): its window, ring and iteration
   num_envs: int
   rollouts: int             # rollouts per iteration (a queue's)
   rollout_length: int       # vector steps per rollout
   calls_per_iteration: int  # learner calls each iteration makes itself (a queue's)
   iteration_steps: int      # env steps per iteration
-  chunk_iterations: int
+  chunk_iterations: int     # iterations a chunk runs at most
+  eval_slots: int = 1       # evaluations a chunk can make (every eval_every steps, and the run's last)
+  segment_slots: int = 2    # metric sums a chunk returns: one per stretch between its rows and evaluations
 
   @property
   def chunk_steps(self) -> int:
@@ -95,6 +109,18 @@ class Plan(NamedTuple):
     return self.iteration_steps // self.num_envs
 
 
+def chunk_iterations_for(steps: int, iteration_steps: int, chunk_steps: Optional[int] = None) -> int:
+  """Iterations per chunk: `chunk_steps` when given, else the host-sync budget's share of the run
+  (`steps / HOST_SYNCS`, at most MAX_CHUNK_STEPS), in whole iterations, at least one."""
+  target = chunk_steps or min(max(steps // HOST_SYNCS, 1), MAX_CHUNK_STEPS)
+  return max(1, target // iteration_steps)
+
+
+def marks_within(span_steps: int, every: int) -> int:
+  """The most multiples of `every` that `span_steps` consecutive env steps can pass."""
+  return span_steps // every + 1
+
+
 def make_plan(exp: ExperimentConfig, parts: AgentParts, agent_cfg, num_devices: int,
               chunk_steps: Optional[int] = None) -> Plan:
   kind = parts.replay_spec.kind
@@ -102,10 +128,41 @@ def make_plan(exp: ExperimentConfig, parts: AgentParts, agent_cfg, num_devices: 
   if n % num_devices:
     raise ConfigError("num_envs", f"must be divisible by the {num_devices} learner devices, got {n}")
   layout = kind.device_layout(n, b, num_devices)
-  # Metric rows are cut inside a chunk; evaluations need the host. A run ends on a whole chunk.
-  target = chunk_steps or min(exp.eval_every, exp.steps)
+  iterations = chunk_iterations_for(exp.steps, layout.iteration_steps, chunk_steps)
+  span = iterations * layout.iteration_steps
+  # An iteration evaluates or cuts a row at most once, however many marks it passes.
+  evals = min(iterations, marks_within(span, exp.eval_every) + 1)  # + the run's last
+  rows = min(iterations, marks_within(span, exp.log_every))
   return Plan(kind, n, layout.rollouts, layout.rollout_length, layout.calls_per_iteration, layout.iteration_steps,
-              max(1, target // layout.iteration_steps))
+              iterations, evals, min(iterations, evals + rows) + 1)
+
+
+class ChunkInputs(NamedTuple):
+  """The host's schedule of one chunk (the same for every run of a vmapped sweep); arrays of
+  [chunk_iterations]. Iterations from `iterations` on do not run: a chunk ends early at the run's
+  budget or at a checkpoint due by env steps."""
+  iterations: Any           # int32 []: iterations to run
+  calls_due: Any            # int32: learner calls due at iteration i (replayed kinds)
+  segment: Any              # int32: the metric sums iteration i adds to (a new one after each row or evaluation)
+  eval_slot: Any            # int32: the evaluation made after iteration i (-1: none)
+
+
+class EvalBooks(NamedTuple):
+  """One run's evaluation books, as its chunk needs them."""
+  key: Any                  # PRNGKey(evaluator seed): evaluation k plays the episodes of fold_in(key, k)
+  first_index: Any          # int32 []: the index of the chunk's first evaluation (evaluations so far)
+  best: Any                 # float32 []: the best mean return so far (any value when there is none)
+  stop_at: Any              # float32 []: a mean return at or above it ends the run (with may_stop)
+
+
+class ChunkOutputs(NamedTuple):
+  """What a chunk returns to the host: reduced on device, a few arrays whatever its length."""
+  sums: Dict[str, Any]      # [segment_slots] the iterations' stats and learner metrics, summed per segment
+  eval_returns: Any         # [eval_slots, eval_episodes] float32
+  eval_means: Any           # [eval_slots] float32: the means the host records (its best and threshold rules)
+  best_slot: Any            # int32 []: the chunk's last new best evaluation (-1: none)
+  best_params: Any          # the parameters that scored it
+  iterations: Any           # int32 []: iterations run (fewer than asked when the run reached its threshold)
 
 
 def _env_spec(tree, leading):
@@ -279,13 +336,61 @@ class DeviceLoop:
     carry = carry._replace(learner_state=learner_state, learner_calls=carry.learner_calls + calls)
     return carry, {**stats, "calls": jnp.asarray(calls, jnp.int32), **totals}
 
-  def chunk(self, carry: Carry, calls_due: jax.Array):
-    """`chunk_iterations` iterations (the item kind's `device_iteration`); `calls_due[i]`: learner
-    calls due at iteration i (replay kinds)."""
-    return jax.lax.scan(self.kind.device_iteration(self), carry, calls_due)
+  def chunk(self, carry: Carry, inputs: ChunkInputs, books: EvalBooks, may_stop: bool = False):
+    """Up to `chunk_iterations` iterations (the item kind's `device_iteration`), as `inputs`
+    schedules them, with the evaluations due among them; -> (carry, ChunkOutputs).
+
+    An evaluation after iteration i plays the greedy policy's episodes with the parameters of
+    that moment (evaluation k of the run: `evaluation_key(seed, k)`'s episodes), keeps the
+    parameters when their mean return is a new best and, with `may_stop` (static), ends the chunk
+    when it reaches `books.stop_at`. Every iteration adds its stats to its segment's sums. The
+    loop's trip count is an input, so one compiled chunk serves a whole run, its last chunk too."""
+    iterate = self.kind.device_iteration(self)
+    plan = self.plan
+    params = self.learner.params(carry.learner_state)
+    stat_shapes = jax.eval_shape(iterate, carry, inputs.calls_due[0])[1]
+    sums = {k: jnp.zeros((plan.segment_slots,), s.dtype) for k, s in stat_shapes.items()}
+    evals = EvalRecord(jnp.zeros((plan.eval_slots, self.exp.eval_episodes), jnp.float32),
+                       jnp.zeros((plan.eval_slots,), jnp.float32), books.best, jnp.int32(-1), params)
+
+    def evaluate(state):
+      carry, evals, slot = state
+      params = self.learner.params(carry.learner_state)
+      index = books.first_index + slot
+      returns = self.evaluate(params, jax.random.fold_in(books.key, index))
+      mean = jnp.mean(returns)
+      best = jnp.logical_or(index == 0, mean > evals.best)  # EvalHistory.record's rule, on the same mean
+      pick = lambda new, old: jnp.where(best, new, old)
+      evals = EvalRecord(evals.returns.at[slot].set(returns), evals.means.at[slot].set(mean), pick(mean, evals.best),
+                         pick(slot, evals.best_slot), jax.tree_util.tree_map(pick, params, evals.best_params))
+      return evals, jnp.logical_and(may_stop, mean >= books.stop_at)
+
+    def body(state):
+      i, carry, sums, evals, _ = state
+      carry, stats = iterate(carry, inputs.calls_due[i])
+      segment = inputs.segment[i]
+      sums = {k: sums[k].at[segment].add(stats[k]) for k in sums}
+      slot = inputs.eval_slot[i]
+      evals, stop = jax.lax.cond(slot >= 0, evaluate, lambda state: (state[1], jnp.bool_(False)), (carry, evals, slot))
+      return i + 1, carry, sums, evals, stop
+
+    def cond(state):
+      return jnp.logical_and(state[0] < inputs.iterations, jnp.logical_not(state[4]))
+
+    i, carry, sums, evals, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), carry, sums, evals, jnp.bool_(False)))
+    return carry, ChunkOutputs(sums, evals.returns, evals.means, evals.best_slot, evals.best_params, i)
 
   def evaluate(self, params, key):
     return evaluate_episodes(self.env, self.eval_policy, params, key, self.exp.eval_episodes)
+
+
+class EvalRecord(NamedTuple):
+  """A chunk's evaluations so far (inside `DeviceLoop.chunk`)."""
+  returns: Any       # [eval_slots, episodes]
+  means: Any         # [eval_slots]
+  best: Any          # the best mean so far
+  best_slot: Any     # the slot that scored it in this chunk (-1: an earlier chunk's)
+  best_params: Any
 
 
 def evaluation_key(evaluator_seed: int, index: int) -> jax.Array:

@@ -7,9 +7,10 @@ Checkpoints hold the loop's whole carry and the host's counters, so that a resum
 with the same bytes as one never stopped.
 """
 
+import functools
 import os
 import time
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -17,18 +18,20 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jrl import jit_cache
-from jrl.device.loop import Carry, DeviceLoop, Plan, build_device_parts, evaluation_key, make_plan
+from jrl.device.loop import (Carry, ChunkInputs, ChunkOutputs, DeviceLoop, EvalBooks, Plan, build_device_parts,
+                             evaluation_key, make_plan)
 from jrl.errors import ConfigError
 from jrl.experiment import report
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import REPORT_FILE
-from jrl.experiment.run_core import RunCore
+from jrl.experiment.run_core import RunCore, next_mark
 from jrl.gymnax_envs import GymnaxVecEnv, reward_threshold
 from jrl.learners import distributed, sharding
 from jrl.timing import BACKEND_COMPILE_EVENT, COMPILE, COMPILE_EVENTS, DEVICE_LOOP, EVAL, OTHER, NodeTimes
 
 
 PROCESSES_DIR = "processes"  # the records of a multi-process run's other processes (`follower_dir`)
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"  # JAX's event for a program loaded from its persistent cache
 
 
 class CompileClock:
@@ -39,8 +42,14 @@ class CompileClock:
     self._intervals: List[tuple] = []
     self.by_event: Dict[str, float] = {}  # summed per event (nested events overlap)
     self.backend_compiles = 0
+    self.cache_hits = 0  # programs loaded from the persistent compilation cache instead of compiled
     self.active = True
     jax.monitoring.register_event_duration_secs_listener(self._listen)
+    jax.monitoring.register_event_listener(self._count)
+
+  def _count(self, event: str, **_) -> None:
+    if self.active and event == CACHE_HIT_EVENT:
+      self.cache_hits += 1
 
   def _listen(self, event: str, duration: float, **_) -> None:
     if self.active and event in COMPILE_EVENTS:
@@ -106,44 +115,142 @@ def carry_from_host(leaves: List[np.ndarray], carry_shape: Carry, shardings: Car
   return jax.device_put(jax.tree_util.tree_unflatten(treedef, leaves), shardings)
 
 
+class ChunkSchedule(NamedTuple):
+  """The host's plan of one chunk: where its metric rows and evaluations fall (iterations of the
+  chunk after which they are due), and the chunk's inputs (numpy)."""
+  iterations: int            # iterations it runs (unless the run reaches its threshold)
+  rows: Tuple[int, ...]      # after these iterations a metric row is cut
+  evals: Tuple[int, ...]     # after these an evaluation is made (the k-th: slot k)
+  events: Tuple[int, ...]    # rows and evaluations, sorted: each ends a segment of the chunk's sums
+  inputs: ChunkInputs
+
+
+def mark_iterations(first_steps: int, iteration_steps: int, iterations: int, mark: int, every: int) -> List[int]:
+  """The iterations (of `iterations`, after `first_steps` env steps) whose end first reaches each
+  mark from `mark` on, the next mark after each as `next_mark` sets it: the host's rule for metric
+  rows and evaluations, applied ahead (one entry per mark reached, not per iteration)."""
+  found = []
+  while True:
+    i = max(-(-(mark - first_steps) // iteration_steps), 1) - 1
+    if i >= iterations:
+      return found
+    found.append(i)
+    mark = next_mark(first_steps + (i + 1) * iteration_steps, mark, every)
+
+
+def schedule_chunk(plan: Plan, call_schedule: Callable[[int, int], np.ndarray], vector_steps: int, env_steps: int,
+                   budget: int, next_log: int, log_every: int, next_eval: int, eval_every: int,
+                   checkpoint_at: Optional[int]) -> ChunkSchedule:
+  """The next chunk of a run at `env_steps`: up to `plan.chunk_iterations` iterations, ending at
+  the first iteration that reaches the budget or `checkpoint_at` (a checkpoint due by env steps),
+  with a row where `next_log` and every `log_every` after fall, an evaluation where `next_eval`
+  and every `eval_every` after fall, and one at the run's last iteration.
+  `call_schedule(vector_steps, iterations)`: the learner calls due at each iteration."""
+  it = plan.iteration_steps
+  n = min(plan.chunk_iterations, max(1, -(-(budget - env_steps) // it)))
+  if checkpoint_at is not None and checkpoint_at < budget:
+    n = min(n, max(1, -(-(checkpoint_at - env_steps) // it)))
+  rows = mark_iterations(env_steps, it, n, next_log, log_every)
+  evals = mark_iterations(env_steps, it, n, next_eval, eval_every)
+  if env_steps + n * it >= budget and (not evals or evals[-1] != n - 1):
+    evals.append(n - 1)  # the run's final parameters
+  events = sorted(set(rows) | set(evals))
+  if len(evals) > plan.eval_slots or len(events) >= plan.segment_slots:
+    raise AssertionError(f"chunk schedule: {len(evals)} evaluations, {len(events)} segments exceed the plan {plan}")
+  slots = np.full(plan.chunk_iterations, -1, np.int32)
+  slots[evals] = np.arange(len(evals), dtype=np.int32)
+  segment = np.searchsorted(np.asarray(events, np.int64), np.arange(plan.chunk_iterations), side="left")
+  inputs = ChunkInputs(np.int32(n), call_schedule(vector_steps, plan.chunk_iterations).astype(np.int32),
+                       segment.astype(np.int32), slots)
+  return ChunkSchedule(n, tuple(rows), tuple(evals), tuple(events), inputs)
+
+
+def float32_at_least(value: float) -> np.float32:
+  """The smallest float32 >= `value`: `mean32 >= it` on device is `float(mean32) >= value` on the host."""
+  low = np.float32(value)
+  return low if float(low) >= value else np.nextafter(low, np.float32(np.inf))
+
+
 class SeedHost:
   """The host side of one seed of the device loop: its counters, the metric sums of the row being
-  cut, and its clocks; it cuts metric rows from a chunk's outputs, evaluates and checkpoints for
-  the run core. A subclass says where the seed's carry is (`carry`)."""
+  cut, and its clocks; it writes a chunk's metric rows and records its evaluations (for the run
+  core) from the chunk's outputs, and checkpoints. A subclass says where the seed's carry is
+  (`carry_leaves`) and how to evaluate off the loop (`evaluate`)."""
 
-  def _init_host(self, core: RunCore, loop: DeviceLoop, plan: Plan, compiled_eval) -> None:
-    self.core, self.loop, self.plan, self.compiled_eval = core, loop, plan, compiled_eval
+  def _init_host(self, core: RunCore, loop: DeviceLoop, plan: Plan) -> None:
+    self.core, self.loop, self.plan = core, loop, plan
     self.env_steps = self.learner_steps = self.vector_steps = 0
     self.pending = {"return_sum": 0.0, "episodes": 0, "length_sum": 0, "calls": 0, **{k: 0.0 for k in loop.metric_keys}}
     self.loop_seconds = self.eval_seconds = 0.0
+    self.device_evaluations = 0
     self.row_mark = (0.0, 0, 0)  # where the last row was cut: loop seconds (chunks only), env steps, learner steps
+    self.evaluation_key = jax.random.PRNGKey(core.evaluator_seed)
+    self._compiled_eval = None
     if core.saved is not None:
       host = core.restore_books(core.saved["host"])
       self.env_steps, self.learner_steps, self.vector_steps = host["env_steps"], host["learner_steps"], host["vector_steps"]
       self.pending, self.row_mark = host["pending"], tuple(host["row_mark"])
       self.loop_seconds, self.eval_seconds = host["loop_seconds"], host["eval_seconds"]
 
-  carry: Carry
+  def schedule(self, core: RunCore) -> ChunkSchedule:
+    books, exp = core.books, core.exp
+    return schedule_chunk(self.plan, lambda v, n: calls_due_in_chunk(self.plan, self.loop, v, n), self.vector_steps,
+                          self.env_steps, exp.steps, books.next_log, exp.log_every, books.next_eval, exp.eval_every,
+                          core.schedule.next_steps)
 
-  def account(self, core: RunCore, ys: Dict[str, np.ndarray], chunk_wall: float, chunk_began: float) -> None:
-    """Counts a chunk's iterations (`ys`: this seed's outputs, [iterations]) and cuts the rows due."""
-    plan, loop = self.plan, self.loop
+  def eval_books(self, core: RunCore, may_stop: bool) -> EvalBooks:
+    history = core.books.history
+    if not may_stop:
+      stop_at = np.float32(np.inf)
+    elif history.reached:  # reached before: the run ends at its next evaluation (as RunCore's rule)
+      stop_at = np.float32(-np.inf)
+    else:
+      stop_at = float32_at_least(history.threshold) if history.threshold is not None else np.float32(np.inf)
+    best = np.float32(max(history.returns)) if history.returns else np.float32(0.0)
+    return EvalBooks(self.evaluation_key, np.int32(history.count), best, stop_at)
+
+  def account(self, core: RunCore, schedule: ChunkSchedule, out: ChunkOutputs, chunk_wall: float,
+              chunk_began: float, best_params: Callable[[], Any]) -> None:
+    """Counts a chunk's iterations from its outputs (this seed's, on the host), writes the rows
+    and records the evaluations it made, in the order they fell. `best_params()`: the parameters
+    of the chunk's best evaluation (fetched only when a new best is to be saved)."""
+    ran = int(out.iterations)
+    loop_began = self.loop_seconds
     self.loop_seconds += chunk_wall
-    loop_began = self.loop_seconds - chunk_wall
-    self.vector_steps += plan.chunk_iterations * plan.vector_steps_per_iteration
-    for i in range(plan.chunk_iterations):
-      self.env_steps += plan.iteration_steps
-      for key in self.pending:
-        self.pending[key] += ys[key][i].item()
-      self.learner_steps += int(ys["calls"][i]) * loop.updates_per_call
-      core.books.episodes_total += int(ys["episodes"][i])
-      if core.log_due(self.env_steps):
-        share = (i + 1) / plan.chunk_iterations  # iterations take equal shares of their chunk's time
+    rows, slots = set(schedule.rows), {i: k for k, i in enumerate(schedule.evals)}
+    best_slot, done, segment = int(out.best_slot), 0, 0
+    for segment, i in enumerate(schedule.events):
+      if i >= ran:
+        break
+      self._add_segment(core, out.sums, segment, i + 1 - done)
+      done = i + 1
+      share = done / ran  # iterations take equal shares of their chunk's time
+      if i in rows:
+        core.log_due(self.env_steps)
         self._write_rows(core, loop_began + chunk_wall * share, chunk_began + chunk_wall * share)
+      if i in slots:
+        k = slots[i]
+        self.device_evaluations += 1
+        row = core.record_evaluation(self, out.eval_returns[k], core.books.history.count,
+                                     best_params() if k == best_slot else None, mean=float(out.eval_means[k]),
+                                     wall_seconds=chunk_began + chunk_wall * share)
+        if k == best_slot and not row["is_best"]:
+          raise AssertionError(f"evaluation {k} of the chunk: best on device, not in the run's history")
+      segment += 1
+    if done < ran:
+      self._add_segment(core, out.sums, segment, ran - done)
+
+  def _add_segment(self, core: RunCore, sums: Dict[str, np.ndarray], segment: int, iterations: int) -> None:
+    self.env_steps += iterations * self.plan.iteration_steps
+    self.vector_steps += iterations * self.plan.vector_steps_per_iteration
+    for key in self.pending:
+      self.pending[key] += sums[key][segment].item()
+    self.learner_steps += int(sums["calls"][segment]) * self.loop.updates_per_call
+    core.books.episodes_total += int(sums["episodes"][segment])
 
   def _write_rows(self, core: RunCore, loop_seconds: float, wall: float) -> None:
     """The rows summed in `pending` since the last row. Rates are the row's own: its steps and
-    updates over the loop's seconds since the last row (evaluations and checkpoints left out)."""
+    updates over the loop's seconds since the last row (checkpoints left out)."""
     pending = self.pending
     mark_seconds, mark_steps, mark_updates = self.row_mark
     seconds = max(loop_seconds - mark_seconds, 1e-9)
@@ -156,57 +263,79 @@ class SeedHost:
     self.pending = {k: 0 * v for k, v in pending.items()}
 
   def evaluate(self, params):
+    """An evaluation off the loop (the run core's, where no chunk made it: a run resumed at its
+    budget). Compiled on first use."""
     t0 = time.monotonic()
     index = self.core.books.history.count  # evaluation k plays the same episodes however often it is run
+    if self._compiled_eval is None:
+      self._compiled_eval = jax.jit(self.evaluation_loop().evaluate)
     key = jax.device_put(evaluation_key(self.core.evaluator_seed, index), self.loop.replicated)
-    returns = np.asarray(self.compiled_eval(params, key))
+    returns = np.asarray(self._compiled_eval(params, key))
     self.eval_seconds += time.monotonic() - t0
     return returns, index
+
+  def evaluation_loop(self) -> DeviceLoop:
+    return self.loop
+
+  def carry_leaves(self) -> List[np.ndarray]:
+    raise NotImplementedError
 
   def checkpoint(self, books: Dict[str, Any]):
     host = {**books, "env_steps": self.env_steps, "learner_steps": self.learner_steps,
             "vector_steps": self.vector_steps, "pending": self.pending, "row_mark": self.row_mark,
             "loop_seconds": self.loop_seconds, "eval_seconds": self.eval_seconds}
-    return None, {"carry": carry_to_host(self.carry), "host": host}, None
+    return None, {"carry": self.carry_leaves(), "host": host}, None
 
   def close(self) -> None:
     pass
 
 
+def fetch_outputs(out: ChunkOutputs) -> Tuple[ChunkOutputs, Callable[[], Any]]:
+  """A chunk's outputs on the host in one transfer, but its best parameters, which are fetched
+  (once) only when asked for."""
+  host = jax.device_get(out._replace(best_params=None))
+  fetched = []
+
+  def best_params():
+    if not fetched:
+      fetched.append(jax.device_get(out.best_params))
+    return fetched[0]
+  return host, best_params
+
+
+def chunk_shapes(plan: Plan, eval_books: Any) -> Tuple[ChunkInputs, EvalBooks]:
+  """Shapes of a chunk's inputs and of `eval_books` (an EvalBooks of arrays or shapes)."""
+  vector = lambda dtype: jax.ShapeDtypeStruct((plan.chunk_iterations,), dtype)
+  inputs = ChunkInputs(jax.ShapeDtypeStruct((), jnp.int32), vector(jnp.int32), vector(jnp.int32), vector(jnp.int32))
+  return inputs, jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype)
+                                        if not isinstance(x, jax.ShapeDtypeStruct) else x, eval_books)
+
+
 class Compiled(NamedTuple):
   """The device loop's programs, compiled ahead of time."""
-  chunk: Any            # (carry, calls due [iterations]) -> (carry, outputs)
-  evaluate: Any         # (params, key) -> returns [eval_episodes]
+  chunk: Any            # (carry, ChunkInputs, EvalBooks) -> (carry, ChunkOutputs)
   params_of_state: Any  # learner state -> params, replicated
   seconds: float
 
 
-def compile_evaluation(loop: DeviceLoop, carry_shape: Carry):
-  """The evaluation of `loop` (`loop.evaluate`), compiled for one run's parameters."""
-  params_shape = jax.tree_util.tree_map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=loop.replicated),
-      jax.eval_shape(lambda c: loop.learner.params(c.learner_state), carry_shape))
-  key_shape = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=loop.replicated)
-  return jax.jit(loop.evaluate).lower(params_shape, key_shape).compile()
-
-
-def compile_loop(loop: DeviceLoop, plan: Plan, carry_shape: Carry, shardings: Optional[Carry]) -> Compiled:
-  """Compiles the chunk, the evaluation and the params getter of one run."""
+def compile_loop(loop: DeviceLoop, plan: Plan, carry_shape: Carry, shardings: Optional[Carry],
+                 books: EvalBooks, may_stop: bool) -> Compiled:
+  """Compiles the chunk (its evaluations in it) and the params getter of one run."""
   start = time.monotonic()
-  chunk_fn = jax.jit(loop.chunk, in_shardings=(shardings, loop.replicated),
+  chunk_fn = jax.jit(functools.partial(loop.chunk, may_stop=may_stop),
+                     in_shardings=(shardings, loop.replicated, loop.replicated),
                      out_shardings=(shardings, loop.replicated), donate_argnums=0)
-  calls_example = jax.ShapeDtypeStruct((plan.chunk_iterations,), jnp.int32)
-  compiled_chunk = chunk_fn.lower(carry_shape, calls_example).compile()
-  compiled_eval = compile_evaluation(loop, carry_shape)
+  compiled_chunk = chunk_fn.lower(carry_shape, *chunk_shapes(plan, books)).compile()
   # Given the learner state alone: the rest of the carry (env states) may hold weakly typed leaves that
   # the compiled chunk returns strongly typed (gymnax's Pendulum), and any change of type recompiles.
   params_of_state = jax.jit(loop.learner.params, out_shardings=loop.replicated)
-  return Compiled(compiled_chunk, compiled_eval, params_of_state, time.monotonic() - start)
+  return Compiled(compiled_chunk, params_of_state, time.monotonic() - start)
 
 
 class DeviceDriver(SeedHost):
-  """The device loop's host side: each `advance` runs one compiled chunk (acting and learning for
-  `plan.chunk_iterations` iterations on device) and cuts the chunk's metric rows."""
+  """The device loop's host side: each `advance` runs one compiled chunk (acting, learning and
+  evaluating for up to `plan.chunk_iterations` iterations on device), then writes its rows and
+  records its evaluations."""
 
   def __init__(self, exp: ExperimentConfig, agent_cfg, env: GymnaxVecEnv, parts, plan: Plan, mesh, core: RunCore,
                clock: CompileClock):
@@ -217,29 +346,35 @@ class DeviceDriver(SeedHost):
       self.carry = jax.jit(loop.init, static_argnums=0, out_shardings=shardings)(exp.seed)
     else:
       self.carry = carry_from_host(core.saved["carry"], carry_shape, shardings, os.path.relpath(core.resume_info.path))
-    self.compiled = compile_loop(loop, plan, carry_shape, shardings)
+    self._init_host(core, loop, plan)
+    self.may_stop = exp.stop_at_threshold
+    self.compiled = compile_loop(loop, plan, carry_shape, shardings, self.eval_books(core, self.may_stop),
+                                 self.may_stop)
     self.compile_seconds = self.compiled.seconds
-    self._init_host(core, loop, plan, self.compiled.evaluate)
     self.params()  # compiled now: the loop itself compiles nothing
-    jax.device_put(evaluation_key(core.evaluator_seed, 0), loop.replicated)
     self.compiles_before_loop = clock.backend_compiles
 
   def params(self):
     return self.compiled.params_of_state(self.carry.learner_state)
 
+  def carry_leaves(self) -> List[np.ndarray]:
+    return carry_to_host(self.carry)
+
   def advance(self, core: RunCore) -> None:
+    schedule = self.schedule(core)
     chunk_start = time.monotonic()
-    due = calls_due_in_chunk(self.plan, self.loop, self.vector_steps)
-    self.carry, ys = self.compiled.chunk(self.carry, jax.device_put(due, self.loop.replicated))
-    ys = jax.device_get(ys)
+    put = lambda tree: jax.device_put(tree, self.loop.replicated)
+    self.carry, out = self.compiled.chunk(self.carry, put(schedule.inputs), put(self.eval_books(core, self.may_stop)))
+    out, best_params = fetch_outputs(out)
     chunk_wall = time.monotonic() - chunk_start
-    self.account(core, ys, chunk_wall, core.elapsed() - chunk_wall)
+    self.account(core, schedule, out, chunk_wall, core.elapsed() - chunk_wall, best_params)
 
 
-def calls_due_in_chunk(plan: Plan, loop: DeviceLoop, vector_steps: int) -> np.ndarray:
-  """Learner calls due at each iteration of the next chunk, as the item kind schedules them
-  (replayed rows as the host counts them; exact integers)."""
-  return plan.kind.device_call_schedule(loop.spec, vector_steps, plan.chunk_iterations,
+def calls_due_in_chunk(plan: Plan, loop: DeviceLoop, vector_steps: int, iterations: Optional[int] = None) -> np.ndarray:
+  """Learner calls due at each of the next `iterations` (a chunk's, by default) after
+  `vector_steps`, as the item kind schedules them (replayed rows as the host counts them; exact
+  integers)."""
+  return plan.kind.device_call_schedule(loop.spec, vector_steps, iterations or plan.chunk_iterations,
                                         plan.vector_steps_per_iteration, plan.num_envs,
                                         loop.updates_per_call * loop.batch_size)
 
@@ -300,8 +435,9 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
   details = {"num_envs": driver.plan.num_envs, "chunk_steps": driver.plan.chunk_steps,
              "compile_seconds": round(driver.compile_seconds, 3), "jax_compile_seconds": round(clock.seconds, 3),
              "setup_seconds": round(setup_seconds, 3), "loop_seconds": round(driver.loop_seconds, 3),
-             "eval_seconds": round(driver.eval_seconds, 3),
-             "loop_compiles": clock.backend_compiles - driver.compiles_before_loop, "compilation_cache": cache_dir}
+             "eval_seconds": round(driver.eval_seconds, 3), "device_evaluations": driver.device_evaluations,
+             "loop_compiles": clock.backend_compiles - driver.compiles_before_loop,
+             "compilation_cache": cache_dir, "compilation_cache_hits": clock.cache_hits}
   sps = report_fields["rates"]["env_steps_per_second"]
   return core.finish(driver, final_params, wall, result, report_fields, kind="device", replay="device",
                      learner_devices=mesh.devices.size, learner_processes=exp.num_processes, details=details,
@@ -318,13 +454,13 @@ class SweepShare(NamedTuple):
 def write_run_report(run_dir: str, exp: ExperimentConfig, driver: DeviceDriver, wall: float,
                      sweep: Optional[SweepShare] = None):
   """RUN_DIR/report.md of a device run, as the other runs write theirs: the host's one thread spent
-  its time in the compiled chunks, in evaluation, compiling (this session's programs) and on the
+  its time in the compiled chunks (acting, learning and the evaluations they make), in evaluation
+  off the loop (rare: a run resumed at its budget), compiling (this session's programs) and on the
   rest (set-up, metrics, snapshots, checkpoints; a resumed run's earlier compiles). (verdict,
   summary.json fields).
 
-  A run of a vmapped sweep shares that thread with the sweep's other runs (`sweep`): each of their
-  evaluations held up every run, so the report charges it all of them, the sweep's time as this
-  run lived it."""
+  A run of a vmapped sweep shares that thread with the sweep's other runs (`sweep`): the report
+  charges it all their evaluations off the loop, the sweep's time as this run lived it."""
   eval_seconds = driver.eval_seconds if sweep is None else sweep.eval_seconds
   phases = {DEVICE_LOOP: driver.loop_seconds, EVAL: eval_seconds, COMPILE: driver.compile_seconds}
   phases[OTHER] = max(wall - sum(phases.values()), 0.0)
@@ -332,9 +468,10 @@ def write_run_report(run_dir: str, exp: ExperimentConfig, driver: DeviceDriver, 
   rates = {"env_steps_per_second": driver.env_steps / loop_seconds,
            "updates_per_second": driver.learner_steps / loop_seconds}
   title = f"{exp.agent} on {exp.env}, seed {exp.seed}, on device: where the time went"
-  extras = None
+  extras = {"evaluations": f"{driver.device_evaluations} of this session's evaluations ran inside the compiled "
+                           f"loop ({DEVICE_LOOP}); {EVAL} is the host's own"}
   if sweep is not None:
-    extras = {"vmapped sweep": f"{sweep.runs} runs in one program: the loop and compile are theirs together, "
-                               f"eval is all runs' evaluations (this run's: {driver.eval_seconds:.1f} s)"}
+    extras["vmapped sweep"] = (f"{sweep.runs} runs in one program: the loop and compile are theirs together, "
+                               f"eval is all runs' evaluations off the loop (this run's: {driver.eval_seconds:.1f} s)")
   return report.write_report(run_dir, [NodeTimes("main", "device", phases, wall)], rates, title, extras,
                              file_name=REPORT_FILE)

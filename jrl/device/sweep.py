@@ -24,11 +24,12 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jrl import jit_cache
-from jrl.device.loop import DeviceLoop, evaluation_key, make_plan
-from jrl.device.runner import (CompileClock, SeedHost, calls_due_in_chunk, carry_from_host, compile_evaluation,
-                               device_setup, SweepShare, write_run_report)
+from jrl.device.loop import DeviceLoop, EvalBooks, make_plan
+from jrl.device.runner import (CompileClock, SeedHost, SweepShare, carry_from_host, chunk_shapes, device_setup,
+                               fetch_outputs, write_run_report)
 from jrl.errors import ConfigError
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.run_core import RunCore
@@ -103,17 +104,19 @@ def _with_traced(agent_cfg, fields: Sequence[str], values):
 class SeedView(SeedHost):
   """Run `index` of a vmapped sweep, as a run core's driver sees it."""
 
-  def __init__(self, sweep: "VmappedRuns", index: int, core: RunCore, compiled_eval):
-    self.sweep, self.index = sweep, index
-    self._init_host(core, sweep.loop, sweep.plan, compiled_eval)
-
-  @property
-  def carry(self):
-    return jax.tree_util.tree_map(lambda x: x[self.index], self.sweep.carry)
+  def __init__(self, sweep: "VmappedRuns", index: int, core: RunCore, point_loop: DeviceLoop):
+    self.sweep, self.index, self.point_loop = sweep, index, point_loop
+    self._init_host(core, sweep.loop, sweep.plan)
 
   def params(self):
     state = jax.tree_util.tree_map(lambda x: x[self.index], self.sweep.carry.learner_state)
     return self.sweep.params_of_state(state)
+
+  def carry_leaves(self) -> List[np.ndarray]:
+    return [leaf[self.index] for leaf in self.sweep.host_carry()]
+
+  def evaluation_loop(self) -> DeviceLoop:
+    return self.point_loop  # the run's own hyperparameters (a greedy policy may use them)
 
   def advance(self, core: RunCore) -> None:
     raise NotImplementedError("a sweep advances all its runs at once (VmappedRuns.advance)")
@@ -121,7 +124,7 @@ class SeedView(SeedHost):
 
 class VmappedRuns:
   """The sweep's one carry (leading axis: runs), each run's hyperparameter point, and the
-  compiled programs."""
+  compiled chunk: every run's steps, learning and evaluations in one call."""
 
   def __init__(self, exp: ExperimentConfig, agent_cfg, env: GymnaxVecEnv, parts, plan, mesh,
                cores: Sequence[RunCore], points: Sequence[Point]):
@@ -143,37 +146,77 @@ class VmappedRuns:
       self.carry = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *carries)
     else:
       raise ConfigError("resume", "some runs of the sweep have a checkpoint and some do not; resume all or none")
-    chunk = jax.vmap(lambda v, carry, due: loop_at(v).chunk(carry, due), in_axes=(0, 0, None))
-    calls_example = jax.ShapeDtypeStruct((plan.chunk_iterations,), jnp.int32)
-    self.chunk = jax.jit(chunk, donate_argnums=1).lower(self.values, carry_shape, calls_example).compile()
-    self.params_of_state = jax.jit(loop.learner.params, out_shardings=loop.replicated)
-    evaluations: Dict[tuple, Any] = {}  # one compiled evaluation per point (the greedy policy may use it)
-    for point in points:
-      key = tuple(sorted(point.items()))
-      if key not in evaluations:
-        evaluations[key] = compile_evaluation(DeviceLoop(exp, dataclasses.replace(agent_cfg, **point), env, parts,
-                                                         mesh, plan), one)
-    self.compile_seconds = time.monotonic() - start
-    self.views = [SeedView(self, i, core, evaluations[tuple(sorted(point.items()))])
+    self._host_carry: Optional[List[np.ndarray]] = None
+    self.views = [SeedView(self, i, core, DeviceLoop(exp, dataclasses.replace(agent_cfg, **point), env, parts, mesh,
+                                                     plan))
                   for i, (core, point) in enumerate(zip(cores, points))]
     if len({(v.env_steps, v.vector_steps) for v in self.views}) != 1:
       raise ConfigError("resume", "the runs' checkpoints are at different env steps; resume them one by one")
+    # Runs step together and do not stop at their thresholds: the loop's trip count is the sweep's.
+    chunk = jax.vmap(lambda v, carry, inputs, books: loop_at(v).chunk(carry, inputs, books),
+                     in_axes=(0, 0, None, 0))
+    inputs_shape, books_shape = chunk_shapes(plan, self.eval_books())
+    self.chunk = jax.jit(chunk, donate_argnums=1).lower(self.values, carry_shape, inputs_shape, books_shape).compile()
+    self.params_of_state = jax.jit(loop.learner.params, out_shardings=loop.replicated)
+    self.compile_seconds = time.monotonic() - start
     self.views[0].params()  # compiled now
-    jax.device_put(evaluation_key(0, 0), loop.replicated)
 
   @property
   def env_steps(self) -> int:
     return self.views[0].env_steps
 
+  def eval_books(self) -> EvalBooks:
+    """Every run's evaluation books, stacked (leading axis: runs)."""
+    books = [view.eval_books(view.core, may_stop=False) for view in self.views]
+    return jax.tree_util.tree_map(lambda *xs: np.stack(xs), *books)
+
+  def host_carry(self) -> List[np.ndarray]:
+    """The carry's leaves on the host, fetched once per chunk (each run's checkpoint takes its row)."""
+    if self._host_carry is None:
+      self._host_carry = [np.asarray(x) for x in jax.device_get(jax.tree_util.tree_leaves(self.carry))]
+    return self._host_carry
+
   def advance(self, cores: Sequence[RunCore]) -> None:
-    """One chunk for every run; each run's rows go to its own run core."""
+    """One chunk for every run: one call, one transfer of its reduced outputs; each run's rows and
+    evaluations go to its own run core."""
+    schedules = [view.schedule(core) for view, core in zip(self.views, cores)]
+    schedule = schedules[0]
+    if any(s.rows != schedule.rows or s.evals != schedule.evals for s in schedules[1:]):
+      raise AssertionError("the sweep's runs scheduled different chunks; they step together")
     chunk_start = time.monotonic()
-    due = calls_due_in_chunk(self.plan, self.loop, self.views[0].vector_steps)
-    self.carry, ys = self.chunk(self.values, self.carry, jax.device_put(due, self.loop.replicated))
-    ys = jax.device_get(ys)
+    put = lambda tree: jax.device_put(tree, self.loop.replicated)
+    self.carry, out = self.chunk(self.values, self.carry, put(schedule.inputs), put(self.eval_books()))
+    self._host_carry = None
+    out, best_params = fetch_outputs(out)
     chunk_wall = time.monotonic() - chunk_start
+    take = lambda tree, i: jax.tree_util.tree_map(lambda x: x[i], tree)
     for i, (view, core) in enumerate(zip(self.views, cores)):
-      view.account(core, {k: v[i] for k, v in ys.items()}, chunk_wall, core.elapsed() - chunk_wall)
+      view.account(core, schedule, take(out, i), chunk_wall, core.elapsed() - chunk_wall,
+                   lambda i=i: take(best_params(), i))
+
+
+class SweepProgress:
+  """One progress line for all the sweep's runs (they step together), at most every
+  `seconds`: steps, the sweep's env steps per second, and the runs' latest evaluations."""
+
+  def __init__(self, prefix: str, steps: int, seconds: float):
+    self.prefix, self.steps, self.seconds = prefix, steps, seconds
+    self._last = 0.0  # the first chunk prints
+    self._start_steps: Optional[int] = None
+    self._start = time.monotonic()
+
+  def maybe_print(self, sweep: "VmappedRuns", cores: Sequence[RunCore], force: bool = False) -> None:
+    now = time.monotonic()
+    if self._start_steps is None:
+      self._start_steps, self._start = sweep.env_steps, now
+    if self.seconds <= 0 or (not force and now - self._last < self.seconds):
+      return
+    self._last = now
+    latest = [core.books.history.returns[-1] for core in cores if core.books.history.returns]
+    evals = f"{min(latest):.1f} / {np.mean(latest):.1f} / {max(latest):.1f}" if latest else "-"
+    rate = (sweep.env_steps - self._start_steps) * len(cores) / max(now - self._start, 1e-9)
+    print(f"[{self.prefix}] steps {sweep.env_steps}/{self.steps} per run | {rate:.0f} env-steps/s, all runs | "
+          f"eval min / mean / max {evals}", flush=True)
 
 
 def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run_dirs: Sequence[str],
@@ -207,12 +250,15 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
   for core, view, point in zip(cores, sweep.views, points):
     label = f" {point_label(point)}" if point else ""
     core.open(view.env_steps, f"{exp.agent} {exp.env} s{core.exp.seed}{label}")
+    core.progress.periodic = False  # the sweep's one line below; each run still prints its closing lines
+  progress = SweepProgress(f"{exp.agent} {exp.env} {len(seeds)} runs", exp.steps, exp.progress_seconds)
   setup_seconds = time.monotonic() - start
   try:
     while sweep.env_steps < exp.steps:
       sweep.advance(cores)
       for core, view in zip(cores, sweep.views):
         core.after_advance(view, may_stop=False)
+      progress.maybe_print(sweep, cores)
     finals = [jax.device_get(core.conclude(view)) for core, view in zip(cores, sweep.views)]
   finally:
     for core, view in zip(cores, sweep.views):
@@ -229,7 +275,7 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
                "grid_point": point, "compile_seconds": round(sweep.compile_seconds, 3),
                "jax_compile_seconds": round(clock.seconds, 3), "setup_seconds": round(setup_seconds, 3),
                "loop_seconds": round(view.loop_seconds, 3), "eval_seconds": round(view.eval_seconds, 3),
-               "compilation_cache": cache_dir}
+               "device_evaluations": view.device_evaluations, "compilation_cache": cache_dir}
     label = point_label(point, ", ")
     summaries.append(core.finish(
         view, final_params, wall, result, report_fields, kind="device", replay="device",

@@ -15,9 +15,11 @@ class EvalHistory:
   actor_steps: List[int] = dataclasses.field(default_factory=list)
   steps_to_threshold: Optional[int] = None
 
-  def record(self, actor_steps: int, episode_returns) -> Dict[str, float]:
-    """Adds one evaluation; returns its metric row (`is_best` tells whether it is the new best)."""
-    mean = float(np.mean(episode_returns))
+  def record(self, actor_steps: int, episode_returns, mean: Optional[float] = None) -> Dict[str, float]:
+    """Adds one evaluation; returns its metric row (`is_best` tells whether it is the new best).
+    `mean`: the returns' mean as the evaluating device computed it (its float32 sum order), so
+    that a decision taken there on it (a new best, the threshold) is the one recorded here."""
+    mean = float(np.mean(episode_returns)) if mean is None else float(mean)
     is_best = not self.returns or mean > max(self.returns)
     self.returns.append(mean)
     self.actor_steps.append(int(actor_steps))

@@ -289,6 +289,11 @@ class CheckpointSchedule:
     self._next_steps = (steps // every_steps + 1) * every_steps if every_steps else None
     self._last_time = time.monotonic()
 
+  @property
+  def next_steps(self) -> Optional[int]:
+    """The env steps at which a checkpoint falls due by steps (None: not by steps)."""
+    return self._next_steps
+
   def due(self, steps: int) -> bool:
     by_steps = self._next_steps is not None and steps >= self._next_steps
     by_time = self._every_seconds > 0 and time.monotonic() - self._last_time >= self._every_seconds

@@ -167,17 +167,19 @@ def metric_log_positions(tb: TensorBoard, loggers: Dict[str, MetricsLogger]) -> 
 
 
 class Progress:
-  """Prints one status line at most every `seconds`."""
+  """Prints one status line at most every `seconds` (0: none); with `periodic` False only the
+  lines forced out (a run's closing lines)."""
 
-  def __init__(self, prefix: str, seconds: float):
+  def __init__(self, prefix: str, seconds: float, periodic: bool = True):
     self._prefix = prefix
     self._seconds = seconds
     self._last = 0.0
+    self.periodic = periodic
 
   def maybe_print(self, text: str, force: bool = False) -> bool:
     """Prints `text` if its time has come (or `force`); whether it did."""
     now = time.monotonic()
-    if self._seconds > 0 and (force or now - self._last >= self._seconds):
+    if self._seconds > 0 and (force or (self.periodic and now - self._last >= self._seconds)):
       self._last = now
       print(f"[{self._prefix}] {text}", flush=True)
       return True

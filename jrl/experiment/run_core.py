@@ -126,7 +126,7 @@ class RunCore:
     policies are the first process's. `agree` makes the processes take the same decision where
     it depends on a local clock (a checkpoint every N seconds): the first process's."""
     self.exp, self.timer, self.follower, self._agree = exp, timer, follower_dir is not None, agree
-    self.resume_info = checkpoint_to_resume(exp.resume, exp.steps) if exp.resume else None
+    self.resume_info = checkpoint_to_resume(exp.resume, exp.steps, exp.resume_strict) if exp.resume else None
     self.saved: Optional[Dict[str, Any]] = Checkpointer.read_run_state(self.resume_info) if self.resume_info else None
     if self.follower:
       shutil.rmtree(follower_dir, ignore_errors=True)
@@ -200,17 +200,31 @@ class RunCore:
                   {"actor_steps": driver.env_steps, "learner_steps": driver.learner_steps, **extra})
 
   def evaluate(self, driver: Driver) -> None:
-    """Evaluates the driver's parameters: the evaluator's row, the books, the best policy."""
+    """Evaluates the driver's parameters now (`driver.evaluate`) and records it."""
     with self.timer.phase(EVAL):
-      books = self.books
-      books.last_eval_steps = driver.env_steps
       params = driver.params()
       returns, index = driver.evaluate(params)
-      row = books.history.record(driver.env_steps, returns)
-      self.loggers["evaluator"].write(evaluator_row(driver.env_steps, driver.learner_steps, row, self.elapsed()))
-      books.last_eval = evaluation_info(row, index, self.evaluator_seed, self.exp.eval_episodes)
-      if row["is_best"]:
-        self._snapshot("best", params, driver, **books.last_eval)
+      self.record_evaluation(driver, returns, index, params)
+
+  def record_evaluation(self, driver: Driver, returns, index: int, params, mean: Optional[float] = None,
+                        wall_seconds: Optional[float] = None) -> Dict[str, float]:
+    """Records evaluation `index` of the driver's parameters at its current counts (made now, or
+    made by the driver itself: the device loop evaluates inside its compiled chunk): the
+    evaluator's row, the books (the next evaluation is scheduled past these steps), and the best
+    policy when it is a new best (`params`: the evaluated parameters; None where a later
+    evaluation of the same chunk supersedes them). `mean`: the mean return as the driver computed
+    it (its best and threshold decisions must be the host's). Returns the row."""
+    books = self.books
+    if driver.env_steps >= books.next_eval:
+      books.next_eval = next_mark(driver.env_steps, books.next_eval, self.exp.eval_every)
+    books.last_eval_steps = driver.env_steps
+    row = books.history.record(driver.env_steps, returns, mean=mean)
+    wall = self.elapsed() if wall_seconds is None else wall_seconds
+    self.loggers["evaluator"].write(evaluator_row(driver.env_steps, driver.learner_steps, row, wall))
+    books.last_eval = evaluation_info(row, index, self.evaluator_seed, self.exp.eval_episodes)
+    if row["is_best"] and params is not None:
+      self._snapshot("best", params, driver, **books.last_eval)
+    return row
 
   def checkpoint(self, driver: Driver) -> None:
     """A checkpoint of the driver's state and the books, and the 'latest' policy; a failed
@@ -243,14 +257,15 @@ class RunCore:
       self.close(driver)
 
   def after_advance(self, driver: Driver, may_stop: bool = True) -> bool:
-    """Evaluates and checkpoints when due; whether the run stops here (its threshold reached,
-    with stop_at_threshold and `may_stop`)."""
+    """Evaluates (unless the driver has already evaluated at these steps) and checkpoints when
+    due; whether the run stops here (its threshold reached at its latest evaluation, with
+    stop_at_threshold and `may_stop`)."""
     exp, books = self.exp, self.books
     if driver.env_steps >= books.next_eval:
-      books.next_eval = next_mark(driver.env_steps, books.next_eval, exp.eval_every)
       self.evaluate(driver)
-      if may_stop and exp.stop_at_threshold and books.history.reached:
-        return True
+    if (may_stop and exp.stop_at_threshold and books.history.reached
+        and books.last_eval_steps == driver.env_steps):
+      return True
     if self._agree(self.schedule.due(driver.env_steps)) and driver.env_steps < exp.steps:  # the last one follows
       self.checkpoint(driver)
     return False

@@ -179,16 +179,22 @@ class ItemKind:
   def _window_add(self, window, obs, action, reward, terminated, truncated, next_obs, extras: Dict[str, Any]):
     raise NotImplementedError
 
-  def device_rows_written(self, vector_steps: int, num_envs: int) -> int:
-    """Rows the window has emitted after `vector_steps` steps (exact integers)."""
+  def device_rows_written(self, vector_steps, num_envs: int):
+    """Rows the window has emitted after `vector_steps` steps (exact integers; an int or an
+    integer array of step counts)."""
     raise NotImplementedError
 
   def device_call_schedule(self, spec, vector_steps: int, iterations: int, steps_per_iteration: int,
                            num_envs: int, samples_per_call: int) -> np.ndarray:
     """[iterations] int32: learner calls due at each iteration of a chunk that starts after
     `vector_steps` steps, by `calls_due` on the rows emitted (as the host counts them)."""
-    owed = [self.calls_due(spec, self.device_rows_written(vector_steps + i * steps_per_iteration, num_envs),
-                           samples_per_call) for i in range(iterations + 1)]
+    steps = vector_steps + steps_per_iteration * np.arange(iterations + 1, dtype=np.int64)
+    rows = np.asarray(self.device_rows_written(steps, num_envs), np.int64)
+    if type(self).calls_due is not ItemKind.calls_due:  # a kind's own rule, as it wrote it
+      owed = np.asarray([self.calls_due(spec, int(r), samples_per_call) for r in rows], np.int64)
+    else:  # `calls_due` on every count at once: the same float64 (or int) operations, elementwise
+      owed = np.where(rows < spec.min_size, 0,
+                      (rows - spec.min_size) * spec.samples_per_insert // samples_per_call + 1).astype(np.int64)
     return np.diff(owed).astype(np.int32)
 
 
@@ -240,9 +246,9 @@ class Transitions(ItemKind):
     return on_device.window_add(window, obs, action, reward, terminated, truncated, next_obs,
                                     float(self.discount))
 
-  def device_rows_written(self, vector_steps: int, num_envs: int) -> int:
+  def device_rows_written(self, vector_steps, num_envs: int):
     """A transition per env and step, each emitted n - 1 steps late."""
-    return max(0, vector_steps - (self.n_step - 1)) * num_envs
+    return np.maximum(0, vector_steps - (self.n_step - 1)) * num_envs
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -366,7 +372,7 @@ class ReplayedSequences(ItemKind):
     return on_device.sequence_window_add(window, obs, action, reward, terminated, truncated, next_obs,
                                              extras[START_STATE_KEY], self.sequence_period)
 
-  def device_rows_written(self, vector_steps: int, num_envs: int) -> int:
+  def device_rows_written(self, vector_steps, num_envs: int):
     return on_device.sequences_written(vector_steps, num_envs, self.sequence_length, self.sequence_period)
 
 

@@ -113,10 +113,13 @@ def sequence_window_add(window: SequenceWindow, obs, action, reward, terminated,
   return window, sequences, due
 
 
-def sequences_written(vector_steps: int, num_envs: int, length: int, period: int) -> int:
+def sequences_written(vector_steps, num_envs: int, length: int, period: int):
   """Sequences a `SequenceWindow` has emitted after `vector_steps` steps (exact integers, for the
-  host's learner-call schedule)."""
-  return 0 if vector_steps < length else num_envs * (1 + (vector_steps - length) // period)
+  host's learner-call schedule; an int, or an array for an array of step counts)."""
+  if np.ndim(vector_steps) == 0:
+    return 0 if vector_steps < length else num_envs * (1 + (vector_steps - length) // period)
+  steps = np.asarray(vector_steps, np.int64)
+  return np.where(steps < length, 0, num_envs * (1 + (steps - length) // period))
 
 
 class Ring(NamedTuple):

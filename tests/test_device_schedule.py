@@ -1,0 +1,111 @@
+"""The device run's host schedule (`jrl.device.runner.schedule_chunk`): where a chunk's metric
+rows and evaluations fall, computed ahead from the run core's marks, against hand-worked
+chunks; the learner-call schedule against `calls_due` count by count; the threshold in float32."""
+
+import numpy as np
+import pytest
+
+from jrl.replay.kinds import ItemKind, ReplayedSequences, Transitions
+from jrl.replay.spec import ReplaySpec
+
+pytestmark = pytest.mark.needs_gymnax  # jrl.device imports gymnax
+
+
+def _plan(iteration_steps=8, chunk_iterations=100, eval_every=2_500, log_every=1_000, num_envs=8):
+  from jrl.device.loop import Plan, marks_within
+  span = iteration_steps * chunk_iterations
+  evals = min(chunk_iterations, marks_within(span, eval_every) + 1)
+  rows = min(chunk_iterations, marks_within(span, log_every))
+  return Plan(Transitions(), num_envs, 1, 1, 0, iteration_steps, chunk_iterations, evals,
+              min(chunk_iterations, evals + rows) + 1)
+
+
+def _schedule(plan, env_steps, budget, next_log, next_eval, checkpoint_at=None, log_every=1_000, eval_every=2_500):
+  from jrl.device.runner import schedule_chunk
+  calls = lambda vector_steps, n: np.zeros(n, np.int32)
+  return schedule_chunk(plan, calls, env_steps // plan.num_envs, env_steps, budget, next_log, log_every, next_eval,
+                        eval_every, checkpoint_at)
+
+
+def test_rows_and_evaluations_fall_after_the_iteration_that_first_reaches_each_mark():
+  # 8 env steps an iteration from 0: 1,000 is first reached after iteration 124 (1,000 steps), 2,000 after
+  # 249; the chunk's 100 iterations reach neither, so a chunk of 300 does.
+  plan = _plan(chunk_iterations=300)
+  s = _schedule(plan, 0, 100_000, 1_000, 2_500)
+  assert s.iterations == 300 and s.rows == (124, 249) and s.evals == ()
+  assert s.events == (124, 249)
+  # Segments: the sums of iterations 0-124, 125-249, 250-299.
+  assert s.inputs.segment[0] == 0 and s.inputs.segment[124] == 0 and s.inputs.segment[125] == 1
+  assert s.inputs.segment[249] == 1 and s.inputs.segment[250] == 2 and s.inputs.segment[299] == 2
+  assert (s.inputs.eval_slot == -1).all() and int(s.inputs.iterations) == 300
+  # From 2,400 steps: 2,500 is reached after 13 iterations (2,504), 3,000 after 75 (3,000).
+  s = _schedule(plan, 2_400, 100_000, 3_000, 2_500)
+  assert s.evals == (12,) and s.rows == (74, 199) and s.events == (12, 74, 199)
+  assert s.inputs.eval_slot[12] == 0 and (np.delete(s.inputs.eval_slot, 12) == -1).all()
+
+
+def test_an_iteration_past_several_marks_cuts_one_row_and_the_next_mark_is_past_it():
+  # 2,048 env steps an iteration (PPO's), rows every 1,000: each iteration passes two or three marks.
+  plan = _plan(iteration_steps=2_048, chunk_iterations=4, num_envs=4)
+  s = _schedule(plan, 0, 100_000, 1_000, 2_500)
+  assert s.rows == (0, 1, 2, 3) and s.evals == (1, 2, 3)  # 2,048 < 2,500 <= 4,096; 5,000 <= 6,144; 7,500 <= 8,192
+
+
+def test_a_chunk_ends_at_the_budget_with_an_evaluation_of_the_final_parameters():
+  plan = _plan(chunk_iterations=300)
+  s = _schedule(plan, 9_600, 10_000, 10_000, 12_500)
+  assert s.iterations == 50 and s.rows == (49,) and s.evals == (49,)  # 10,000 exactly: the last iteration
+  s = _schedule(plan, 9_600, 10_003, 10_000, 10_000)
+  assert s.iterations == 51 and s.rows == (49,) and s.evals == (49, 50)  # an evaluation at 10,000 and at the end
+
+
+def test_a_chunk_ends_where_a_checkpoint_falls_due_by_steps():
+  plan = _plan(chunk_iterations=300)
+  s = _schedule(plan, 0, 100_000, 1_000, 2_500, checkpoint_at=1_024)
+  assert s.iterations == 128 and s.rows == (124,) and s.evals == ()
+  assert _schedule(plan, 0, 2_000, 1_000, 2_500, checkpoint_at=4_096).iterations == 250  # past the budget: ignored
+
+
+def test_the_schedule_agrees_with_the_run_cores_marks_applied_one_iteration_at_a_time():
+  """The host's rule as the run core applies it after every iteration (`next_mark`), against the
+  schedule's marks worked out ahead, over many chunk shapes."""
+  from jrl.experiment.run_core import next_mark
+  rng = np.random.default_rng(0)
+  for _ in range(200):
+    it, n = int(rng.choice([4, 8, 128, 2_048])), int(rng.integers(1, 400))
+    log_every, eval_every = int(rng.integers(1, 5_000)), int(rng.integers(1, 20_000))
+    start = it * int(rng.integers(0, 50))
+    next_log = next_mark(start, 0, log_every) if start else log_every
+    next_eval = next_mark(start, 0, eval_every) if start else eval_every
+    plan = _plan(it, n, eval_every, log_every)
+    s = _schedule(plan, start, 10**9, next_log, next_eval, log_every=log_every, eval_every=eval_every)
+    rows, evals = [], []
+    for i in range(n):
+      steps = start + (i + 1) * it
+      if steps >= next_log:
+        rows.append(i)
+        next_log = next_mark(steps, next_log, log_every)
+      if steps >= next_eval:
+        evals.append(i)
+        next_eval = next_mark(steps, next_eval, eval_every)
+    assert s.rows == tuple(rows) and s.evals == tuple(evals), (it, n, log_every, eval_every, start)
+
+
+@pytest.mark.parametrize("kind", [Transitions(n_step=3), ReplayedSequences(sequence_length=20, sequence_period=10)])
+@pytest.mark.parametrize("samples_per_insert", [32.0, 0.5, 7.3, 1 / 3, 4])
+def test_the_learner_call_schedule_is_calls_due_count_by_count(kind, samples_per_insert):
+  """The chunk's calls due, computed for all its iterations at once, are `calls_due`'s, taken one
+  iteration at a time (its float and integer arithmetic, elementwise)."""
+  spec = ReplaySpec(min_size=257, samples_per_insert=samples_per_insert, kind=kind)
+  for start in (0, 5, 1_000, 12_345):
+    got = kind.device_call_schedule(spec, start, 500, 3, 8, 4 * 64)
+    owed = [ItemKind.calls_due(kind, spec, int(kind.device_rows_written(start + i * 3, 8)), 4 * 64) for i in range(501)]
+    assert np.array_equal(got, np.diff(owed)) and got.sum() > 0
+
+
+def test_the_threshold_in_float32_decides_as_the_host_does():
+  from jrl.device.runner import float32_at_least
+  for threshold in (475.0, 195.5, -200.3, 0.1, 1e-8, 123456.789):
+    bound = float32_at_least(threshold)
+    below = np.nextafter(bound, np.float32(-np.inf))
+    assert float(bound) >= threshold and float(below) < threshold, threshold
