@@ -58,7 +58,8 @@ def process_command(run_dir: str, exp, index: int, coordinator: str) -> List[str
              "--checkpoint_every_steps", str(exp.checkpoint_every_steps),
              "--checkpoint_every_seconds", str(exp.checkpoint_every_seconds),
              "--keep_checkpoints", str(exp.keep_checkpoints)]
-  return command + (["--stop_at_threshold"] if exp.stop_at_threshold else [])
+  return command + (["--stop_at_threshold"] if exp.stop_at_threshold else []) + (
+      ["--resume_strict"] if exp.resume_strict else [])
 
 
 def resume_hint(exp, placement: Placement, run_dir: str):

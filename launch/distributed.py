@@ -116,7 +116,7 @@ def prepare_session(exp: ExperimentConfig, agent_cfg) -> Tuple[nodes.Session, Op
     os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
     return nodes.Session(run_dir), None
   run_dir = os.path.abspath(exp.resume)
-  info = checkpoint_to_resume(run_dir, exp.steps)
+  info = checkpoint_to_resume(run_dir, exp.steps, exp.resume_strict)
   if info is None:
     return nodes.Session(run_dir), None
   saved = Checkpointer.read_run_state(info)

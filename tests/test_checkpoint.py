@@ -2,8 +2,10 @@
 bit-exact resume of deterministic runs, and one-line errors for bad resume input."""
 
 import csv
+import glob
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -16,7 +18,7 @@ import pytest
 from jrl.agents import dqn
 from jrl.errors import ConfigError
 from jrl.experiment.builder import build_agent_parts
-from jrl.experiment.checkpoint import Checkpointer
+from jrl.experiment.checkpoint import Checkpointer, checkpoint_to_resume
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.runner import run
 from jrl.learners.learner import params_digest
@@ -223,3 +225,154 @@ def test_bad_resume_and_run_dir_input_is_one_line_and_changes_nothing(tmp_path):
     assert cases[name][1] in lines[0], (name, lines[0])
   assert _files_snapshot(str(tmp_path)) == before
   assert a_file.read_text() == "not a folder"
+
+
+def _three_checkpoints(run_dir):
+  """A run's checkpoints as runs write them (orbax learner state, run state, the seeded replay's
+  file, the manifest with the counters), at 1000, 2000 and 3000 env steps."""
+  from jrl.experiment.runner import SEEDED_REPLAY_FILE
+  cfg = dqn.Config(hidden_sizes=(8,))
+  learner = dqn.make_learner(build_agent_parts("dqn", "CartPole-v1", cfg).networks, cfg)
+  states = [learner.init(jax.random.PRNGKey(i)) for i in range(3)]
+  checkpointer = Checkpointer(run_dir, keep=3)
+  for i, state in enumerate(states, 1):
+    def write_replay(folder, i=i):
+      with open(os.path.join(folder, SEEDED_REPLAY_FILE), "wb") as f:
+        pickle.dump({"buffer": np.full(4096, i, np.uint8)}, f)
+    checkpointer.save(state, {"learner_steps": 10 * i}, {"actor_steps": 1000 * i}, write_replay)
+  return checkpointer, states
+
+
+# Each part of a checkpoint, and the file of it to cut short.
+CHECKPOINT_PARTS = {
+    "run state": "run_state.pkl",
+    "learner metadata": "learner/_METADATA",
+    "learner arrays": "learner/ocdbt.process_0/d/*",  # the largest of orbax's data files
+    "replay": "replay/seeded_buffer.pkl",
+    "manifest (counters)": "manifest.json",
+}
+
+
+def _truncate(checkpoint, part):
+  """Cuts the file `part` of a checkpoint to half its size; its path in the checkpoint."""
+  paths = sorted(glob.glob(os.path.join(checkpoint, part)), key=os.path.getsize)
+  assert paths, (checkpoint, part, os.listdir(checkpoint))
+  with open(paths[-1], "r+b") as f:
+    f.truncate(os.path.getsize(paths[-1]) // 2)
+  return os.path.relpath(paths[-1], checkpoint)
+
+
+@pytest.mark.parametrize("part", list(CHECKPOINT_PARTS), ids=list(CHECKPOINT_PARTS))
+def test_a_resume_whose_newest_checkpoint_is_damaged_continues_from_the_newest_intact_one(tmp_path, capsys, part):
+  run_dir = str(tmp_path / "run")
+  checkpointer, states = _three_checkpoints(run_dir)
+  newest = checkpointer.all()[-1]
+  damaged_file = _truncate(newest, CHECKPOINT_PARTS[part])
+  capsys.readouterr()
+
+  info = checkpoint_to_resume(run_dir, steps=10_000)
+  out, err = capsys.readouterr()
+  assert os.path.basename(info.path) == "ckpt-000002" and info.manifest["counters"]["actor_steps"] == 2000
+  assert params_digest(Checkpointer.restore_learner(info, states[0])) == params_digest(states[1])
+  assert Checkpointer.read_run_state(info) == {"learner_steps": 20}
+  # One line on stderr: the damaged checkpoint and its file, where it went, the checkpoint resumed
+  # and the env steps lost (unknown when the manifest, which holds the counters, is the damage).
+  kept = os.path.join(checkpointer.root, "damaged", "ckpt-000003")
+  manifest = part.startswith("manifest")
+  lost = "the env steps it held are lost" if manifest else "1000 env steps lost"
+  damage = ("unreadable manifest.json (JSONDecodeError)" if manifest
+            else f"{damaged_file} has {os.path.getsize(os.path.join(kept, damaged_file))} bytes, ")
+  assert err.splitlines() == [err.strip()] and err.startswith(
+      f"[resume] checkpoints/ckpt-000003 is damaged: {damage}"), err
+  assert err.strip().endswith("; set aside in checkpoints/damaged/, continuing from checkpoints/ckpt-000002 at 2000 "
+                              f"env steps: {lost} (--resume_strict refuses instead)"), err
+  assert out == "[resume] continuing from checkpoints/ckpt-000002 at 2000 env steps\n"
+  # Kept aside as it was (its cut file too), out of the checkpoints a resume or the pruning sees.
+  assert os.path.isfile(os.path.join(kept, damaged_file)) and not os.path.exists(newest)
+  assert [os.path.basename(p) for p in checkpointer.all()] == ["ckpt-000001", "ckpt-000002"]
+
+
+def test_damaged_checkpoints_are_kept_through_pruning_and_never_overwritten(tmp_path, capsys):
+  run_dir = str(tmp_path / "run")
+  checkpointer, states = _three_checkpoints(run_dir)
+  _truncate(checkpointer.all()[-1], "run_state.pkl")
+  _truncate(checkpointer.all()[-2], "replay/*")  # the two newest damaged: back to the first
+  capsys.readouterr()
+  assert os.path.basename(checkpoint_to_resume(run_dir, steps=10_000).path) == "ckpt-000001"
+  err = capsys.readouterr().err
+  assert len(err.splitlines()) == 1 and err.startswith("[resume] checkpoints/ckpt-000003 is damaged: run_state.pkl "
+                                                       "has ") and \
+      "; checkpoints/ckpt-000002 is damaged: replay/seeded_buffer.pkl has " in err and \
+      "continuing from checkpoints/ckpt-000001 at 1000 env steps: 2000 env steps lost" in err, err
+  damaged = os.path.join(checkpointer.root, "damaged")
+  kept = {name: _files_snapshot(os.path.join(damaged, name)) for name in ("ckpt-000002", "ckpt-000003")}
+  # The resumed run checkpoints on (ckpt-000002 to 5 again, keeping 3): pruning never reaches damaged/.
+  for i in range(4):
+    checkpointer.save(states[0], {"i": i}, {"actor_steps": 2000 + 1000 * i})
+  assert [os.path.basename(p) for p in checkpointer.all()] == ["ckpt-000003", "ckpt-000004", "ckpt-000005"]
+  assert {name: _files_snapshot(os.path.join(damaged, name)) for name in kept} == kept
+  # Every checkpoint damaged: refused (no intact one to continue from), nothing moved.
+  for path, part in zip(checkpointer.all(), ("manifest.json", "learner/_METADATA", "run_state.pkl")):
+    _truncate(path, part)
+  before = _files_snapshot(run_dir)
+  with pytest.raises(ConfigError, match=r"resume: checkpoint .*ckpt-000005 is damaged: run_state.pkl has \d+ bytes, "
+                                        r"\d+ were written \(truncated\?\), and the run has no intact checkpoint "
+                                        r"before it"):
+    checkpoint_to_resume(run_dir, steps=10_000)
+  assert _files_snapshot(run_dir) == before
+  # A second damaged ckpt-000003 (its index used again) is kept beside the first, not over it.
+  assert checkpointer.set_aside(checkpointer.all()[0]) == os.path.join(damaged, "ckpt-000003.1")
+  assert {name: _files_snapshot(os.path.join(damaged, name)) for name in kept} == kept
+
+
+def test_resume_strict_refuses_a_damaged_newest_checkpoint_and_moves_nothing(tmp_path, capsys):
+  run_dir = str(tmp_path / "run")
+  checkpointer, _ = _three_checkpoints(run_dir)
+  _truncate(checkpointer.all()[-1], "run_state.pkl")
+  before = _files_snapshot(run_dir)
+  capsys.readouterr()
+  with pytest.raises(ConfigError, match=r"^resume: checkpoint .*ckpt-000003 is damaged: run_state.pkl has \d+ bytes, "
+                                        r"\d+ were written \(truncated\?\); without --resume_strict the run "
+                                        r"continues from checkpoints/ckpt-000002 at 2000 env steps$"):
+    checkpoint_to_resume(run_dir, steps=10_000, strict=True)
+  assert _files_snapshot(run_dir) == before and capsys.readouterr() == ("", "")
+
+
+@pytest.mark.slow
+def test_a_run_whose_newest_checkpoint_is_cut_short_resumes_from_the_one_before(tmp_path):
+  """As the issue met it: a run's newest run_state.pkl truncated; --resume_strict refuses, a plain
+  --resume sets the checkpoint aside, says so, and continues from the one before to the same
+  bytes as a run never stopped."""
+  reference = run(ExperimentConfig(seed=0, steps=4_000, deterministic=True, eval_every=1_000, eval_episodes=3,
+                                   progress_seconds=0, run_dir=str(tmp_path / "reference")),
+                  dqn.Config(min_replay_size=500, hidden_sizes=(32, 32)))
+  run_dir = str(tmp_path / "run")
+  # Step counts as people write them (3k, 1e3): checkpoints at 1000, 2000 and 3000 env steps.
+  first = subprocess.run([sys.executable, "-m", "launch.train", "--steps", "3k", "--deterministic",
+                          "--checkpoint_every_steps", "1e3", *SMALL, "--run_dir", run_dir],
+                         cwd=ROOT, text=True, capture_output=True, timeout=300)
+  assert first.returncode == 0, first.stderr[-3000:]
+  assert [c["actor_steps"] for c in _checkpoint_counters(run_dir)] == [1000, 2000, 3000]
+  cut = _truncate(Checkpointer(run_dir).all()[-1], "run_state.pkl")
+
+  resume = [sys.executable, "-m", "launch.train", "--resume", run_dir, "--steps", "4k"]
+  before = _files_snapshot(run_dir)
+  strict = subprocess.run([*resume, "--resume_strict"], cwd=ROOT, text=True, capture_output=True, timeout=300)
+  assert strict.returncode == 2 and len(strict.stderr.strip().splitlines()) == 1, strict.stderr[-3000:]
+  assert strict.stderr.startswith("python -m launch.train: error: resume: checkpoint ") and \
+      f"ckpt-000003 is damaged: {cut} has " in strict.stderr and strict.stderr.strip().endswith(
+          "; without --resume_strict the run continues from checkpoints/ckpt-000002 at 2000 env steps"), strict.stderr
+  assert _files_snapshot(run_dir) == before
+
+  resumed = subprocess.run(resume, cwd=ROOT, text=True, capture_output=True, timeout=300)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  said = [line for line in resumed.stderr.splitlines() if line.startswith("[resume]")]
+  assert len(said) == 1 and said[0].startswith(f"[resume] checkpoints/ckpt-000003 is damaged: {cut} has ") and \
+      said[0].endswith("; set aside in checkpoints/damaged/, continuing from checkpoints/ckpt-000002 at 2000 env "
+                       "steps: 1000 env steps lost (--resume_strict refuses instead)"), resumed.stderr
+  assert "[resume] continuing from checkpoints/ckpt-000002 at 2000 env steps" in resumed.stdout.splitlines()
+  assert os.path.isfile(os.path.join(run_dir, "checkpoints", "damaged", "ckpt-000003", cut))
+  summary = json.load(open(os.path.join(run_dir, "summary.json")))
+  assert summary["resumed"] and summary["actor_steps"] == 4_000
+  assert summary["params_digest"] == reference["params_digest"]
+  assert _metric_values(run_dir) == _metric_values(reference["run_dir"])  # the cut checkpoint's rows redone once

@@ -42,6 +42,9 @@ def test_processes_go_one_per_placed_host_and_continue_the_run_directory():
   assert command[1:9] == ["-m", "launch.train", "--resume", "/runs/x", "--process_id", "1", "--coordinator_address",
                           "10.0.0.1:1234"], command
   assert command[command.index("--steps") + 1] == "5000" and "--stop_at_threshold" not in command
+  assert "--resume_strict" not in command  # each process resumes as the launch was asked to
+  assert "--resume_strict" in device_hosts.process_command("/runs/x", _exp(hosts="a=10.0.0.1", resume_strict=True),
+                                                            1, "10.0.0.1:1234")
   for placement, message in (("actor=a", "placement: group 'device' is not placed on any host"),
                              ("device=a actor=b", "placement: a device run places only its processes"),
                              ("device=a,a", "placement: a device run takes one process per host"),

@@ -11,7 +11,10 @@ A checkpoint is written into `checkpoints/.staging-<index>/` and renamed into
 place once complete (a directory rename is atomic), so a kill at any instant
 leaves the previous checkpoints intact and no torn one under a `ckpt-` name.
 Old checkpoints are first renamed away, then deleted, for the same reason.
-Restoring verifies the manifest, so a damaged checkpoint is named, not loaded.
+Restoring verifies the manifest, so a damaged checkpoint is named, not loaded. A resume whose
+newest checkpoints are damaged (a disk that filled, a copy cut short) continues from the newest
+intact one and sets the damaged ones aside in `checkpoints/damaged/`, where they are neither picked
+again nor pruned; `--resume_strict` refuses instead (`checkpoint_to_resume`).
 """
 
 import contextlib
@@ -22,7 +25,7 @@ import re
 import shutil
 import sys
 import time
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 from jrl.errors import ConfigError
 from jrl.experiment.files import CHECKPOINTS_DIR, fsync_dir, read_json, write_json
@@ -33,12 +36,32 @@ MANIFEST = "manifest.json"
 RUN_STATE = "run_state.pkl"
 LEARNER = "learner"
 REPLAY = "replay"
+DAMAGED = "damaged"  # under checkpoints/: damaged checkpoints a resume set aside
 
 
 class CheckpointInfo(NamedTuple):
   path: str
   index: int
   manifest: Dict[str, Any]
+
+
+class DamagedCheckpoint(ConfigError):
+  """A checkpoint whose files do not match its manifest, or whose manifest cannot be read;
+  `manifest` is None in that case."""
+
+  def __init__(self, path: str, damage: str, manifest: Optional[Dict[str, Any]] = None):
+    super().__init__("resume", f"checkpoint {_shown(path)} is damaged: {damage}")
+    self.path, self.damage, self.manifest = path, damage, manifest
+
+  @property
+  def actor_steps(self) -> Optional[float]:
+    return self.manifest["counters"].get("actor_steps", 0) if self.manifest else None
+
+
+def _shown(path: str) -> str:
+  """A path for a message: from the working directory when it is below it, else absolute."""
+  relative = os.path.relpath(path)
+  return os.path.abspath(path) if relative.startswith("..") else relative
 
 
 def _sha256(path: str) -> str:
@@ -216,26 +239,55 @@ class Checkpointer:
       return None
     return self.verify(self._path(indices[-1]))
 
+  def newest_intact(self) -> Tuple[Optional[CheckpointInfo], List[DamagedCheckpoint]]:
+    """The newest checkpoint that verifies (None if none does), and the damaged ones newer than
+    it, newest first."""
+    damaged = []
+    for index in reversed(self._indices()):
+      try:
+        return self.verify(self._path(index)), damaged
+      except DamagedCheckpoint as e:
+        damaged.append(e)
+    return None, damaged
+
+  def set_aside(self, path: str) -> str:
+    """Moves a damaged checkpoint into `checkpoints/damaged/` (kept for a person to look at; no
+    longer a `ckpt-` of this folder, so never resumed from or pruned); returns its new path. A
+    checkpoint already gone (another process of the run set it aside) is left as it is."""
+    folder = os.path.join(self.root, DAMAGED)
+    os.makedirs(folder, exist_ok=True)
+    target, copy = os.path.join(folder, os.path.basename(path)), 0
+    while os.path.exists(target):  # its index was used again after an earlier damage
+      copy += 1
+      target = os.path.join(folder, f"{os.path.basename(path)}.{copy}")
+    try:
+      os.rename(path, target)
+    except FileNotFoundError:
+      return target
+    fsync_dir(self.root)
+    return target
+
   def verify(self, path: str) -> CheckpointInfo:
     """Checks every file against the manifest; ConfigError('resume', ...) naming the damage."""
-    name = os.path.relpath(path)
+    name = _shown(path)
     manifest_path = os.path.join(path, MANIFEST)
     try:
       manifest = read_json(manifest_path)
+      if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise ValueError("not a manifest")
     except (OSError, ValueError) as e:
-      raise ConfigError("resume", f"checkpoint {name} is damaged: unreadable {MANIFEST} ({e.__class__.__name__})")
+      raise DamagedCheckpoint(path, f"unreadable {MANIFEST} ({e.__class__.__name__})") from None
     if manifest.get("format") != FORMAT:
       raise ConfigError("resume", f"checkpoint {name} has format {manifest.get('format')}, expected {FORMAT}")
     for rel, expected in manifest["files"].items():
       full = os.path.join(path, rel)
       if not os.path.isfile(full):
-        raise ConfigError("resume", f"checkpoint {name} is damaged: {rel} is missing")
+        raise DamagedCheckpoint(path, f"{rel} is missing", manifest)
       size = os.path.getsize(full)
       if size != expected["size"]:
-        raise ConfigError("resume", f"checkpoint {name} is damaged: {rel} has {size} bytes, "
-                                    f"{expected['size']} were written (truncated?)")
+        raise DamagedCheckpoint(path, f"{rel} has {size} bytes, {expected['size']} were written (truncated?)", manifest)
       if _sha256(full) != expected["sha256"]:
-        raise ConfigError("resume", f"checkpoint {name} is damaged: {rel} does not match its checksum")
+        raise DamagedCheckpoint(path, f"{rel} does not match its checksum", manifest)
     return CheckpointInfo(path, int(manifest["index"]), manifest)
 
   @staticmethod
@@ -258,25 +310,53 @@ class Checkpointer:
 
 
 def describe_latest(run_dir: str) -> Optional[str]:
-  """'PATH (N env steps)' of the run's newest intact checkpoint; None when it has none (or the
-  newest is damaged: resuming names the damage)."""
+  """'PATH (N env steps)' of the run's newest intact checkpoint (the one a resume continues
+  from); None when it has none."""
   try:
-    info = Checkpointer(run_dir).latest()
-  except ConfigError:
+    info, _ = Checkpointer(run_dir).newest_intact()
+  except ConfigError:  # a checkpoint of another format
     return None
   return f"{info.path} ({info.manifest['counters'].get('actor_steps', 0):.0f} env steps)" if info else None
 
 
-def checkpoint_to_resume(run_dir: str, steps: int) -> Optional[CheckpointInfo]:
-  """The newest checkpoint of a run being resumed, verified; None when it has none yet (the
-  run starts over). ConfigError if that checkpoint already has `steps` env steps."""
-  info = Checkpointer(run_dir).latest()
-  if info is None:
+def _in_run(path: str, run_dir: str) -> str:
+  """`path` as people find it from the run directory: checkpoints/ckpt-000004."""
+  return os.path.relpath(path, os.path.abspath(run_dir))
+
+
+def checkpoint_to_resume(run_dir: str, steps: int, strict: bool = False) -> Optional[CheckpointInfo]:
+  """The newest intact checkpoint of a run being resumed, verified; None when it has none yet (the
+  run starts over). ConfigError if it already has `steps` env steps.
+
+  Newer checkpoints that are damaged are set aside (`Checkpointer.set_aside`) and named in one
+  line on stderr with the env steps they held beyond the one resumed from; with `strict`
+  (--resume_strict), or when no checkpoint is intact, the damage is a ConfigError instead and
+  nothing is moved. Prints the checkpoint and env steps the run continues from."""
+  checkpointer = Checkpointer(run_dir)
+  info, damaged = checkpointer.newest_intact()
+  if info is None and not damaged:
     print(f"[resume] {run_dir} has no checkpoint yet: the run starts over", flush=True)
     return None
+  if damaged and info is None:
+    raise ConfigError("resume", f"{damaged[0].problem}, and the run has no intact checkpoint before it")
   done = info.manifest["counters"].get("actor_steps", 0)
+  where = f"{_in_run(info.path, run_dir)} at {done:.0f} env steps"
+  if damaged and strict:
+    raise ConfigError("resume", f"{damaged[0].problem}; without --resume_strict the run continues from {where}")
   if done >= steps:
     raise ConfigError("steps", f"the run already has {done:.0f} env steps; raise --steps above that to extend it")
+  if damaged:
+    for damage in damaged:
+      try:
+        checkpointer.set_aside(damage.path)
+      except OSError as e:  # a folder the run may not change: resuming would meet the damage again
+        raise ConfigError("resume", f"{damage.problem}, and it cannot be set aside ({one_line(e)})") from None
+    newest = damaged[0].actor_steps
+    lost = f"{newest - done:.0f} env steps lost" if newest is not None else "the env steps it held are lost"
+    names = "; ".join(f"{_in_run(d.path, run_dir)} is damaged: {d.damage}" for d in damaged)
+    print(f"[resume] {names}; set aside in {_in_run(os.path.join(checkpointer.root, DAMAGED), run_dir)}/, "
+          f"continuing from {where}: {lost} (--resume_strict refuses instead)", file=sys.stderr, flush=True)
+  print(f"[resume] continuing from {where}", flush=True)
   return info
 
 

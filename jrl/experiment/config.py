@@ -33,7 +33,7 @@ FIELD_GROUPS = (
     ("learner", "updates, devices and the batch pipeline",
      ("updates_per_call", "learner_devices", "coordinator_address", "num_processes", "process_id", "prefetch")),
     ("checkpoints", "checkpoints and resume",
-     ("resume", "checkpoint_every_seconds", "checkpoint_every_steps", "keep_checkpoints")),
+     ("resume", "resume_strict", "checkpoint_every_seconds", "checkpoint_every_steps", "keep_checkpoints")),
     ("distributed", "the Launchpad program (--distributed)",
      ("distributed", "num_actors", "inference", "num_inference_servers", "inference_timeout_ms",
       "variable_update_period", "lp_launch_type", "max_restarts", "restart_backoff_seconds",
@@ -70,7 +70,9 @@ class ExperimentConfig:
   log_every: int = 1_000             # env steps between metric rows
   progress_seconds: float = 2.0      # seconds between progress lines; 0 silences them
   # Checkpoints and resume.
-  resume: str = ""                   # run directory to continue from its latest checkpoint
+  resume: str = ""                   # run directory to continue from its newest intact checkpoint
+  resume_strict: bool = False        # refuse to resume when the newest checkpoint is damaged; without it the run
+                                     # continues from the newest intact one (damaged ones: checkpoints/damaged/)
   checkpoint_every_seconds: float = 600.0  # wall seconds between checkpoints; 0 = not by time
   checkpoint_every_steps: int = 0    # env steps between checkpoints; 0 = not by steps
   keep_checkpoints: int = 3          # newest checkpoints kept on disk

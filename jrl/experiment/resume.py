@@ -12,7 +12,7 @@ from jrl.experiment.files import CONFIG_FILE, read_json
 # Experiment fields a resumed run may set anew; every other field, and every agent
 # field, must equal the saved value (it would change the run's meaning mid-way).
 CHANGEABLE_ON_RESUME = frozenset({
-    "steps", "resume", "run_dir", "progress_seconds", "stop_at_threshold",
+    "steps", "resume", "resume_strict", "run_dir", "progress_seconds", "stop_at_threshold",
     "checkpoint_every_seconds", "checkpoint_every_steps", "keep_checkpoints",
     "max_restarts", "restart_backoff_seconds", "service_deadline_seconds", "lp_launch_type",
     # Where a distributed run's nodes run: a run resumed after losing a host is placed on the others.
