@@ -184,6 +184,7 @@ def test_launch_script_adds_its_own_node_to_the_program(tmp_path):
   out = subprocess.run([sys.executable, "-m", "examples.launch_script", "--steps", "4000", "--run_dir", str(run_dir)],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  assert "os.fork()" not in out.stderr, out.stderr[-3000:]  # make_program starts no JAX backend before the nodes fork
   summary = json.load(open(run_dir / "summary.json"))
   assert summary["kind"] == "distributed" and summary["actor_steps"] >= 4000
   import csv
