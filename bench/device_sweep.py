@@ -31,24 +31,35 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def sweep_command(agent: str, env: str, seeds: int, steps: int, run_dir: str, extra=()):
+  """The user's seed-sweep command on the device backend."""
+  return [sys.executable, "-m", "launch.sweep", "--agent", agent, "--env", env, "--backend", "device",
+          "--seeds", f"0-{seeds - 1}", "--steps", str(steps), "--run_dir", run_dir, "--progress_seconds", "30", *extra]
+
+
+def seed_results(run_dir: str, seeds: int):
+  """Each seed's summary of a sweep folder: its evaluations, its digest and its phase seconds."""
+  results = []
+  for seed in range(seeds):
+    name_dir = next(d for d in os.listdir(run_dir) if d.endswith(f"-s{seed}"))
+    with open(os.path.join(run_dir, name_dir, "summary.json")) as f:
+      summary = json.load(f)
+    results.append({"seed": seed, "final": summary["eval_return"], "best": summary["best_eval_return"],
+                    "steps_to_threshold": summary["steps_to_threshold"], "digest": summary["params_digest"][:16],
+                    "wall_seconds": summary["wall_seconds"], "phase_seconds": summary["phase_seconds"]["main"]})
+  return results
+
+
 def run_arm(name: str, args, extra, folder: str):
   cache = tempfile.mkdtemp(prefix=f"jax-cache-{name}-")
   run_dir = os.path.join(folder, name)
-  command = [sys.executable, "-m", "launch.sweep", "--agent", args.agent, "--env", args.env, "--backend", "device",
-             "--seeds", f"0-{args.seeds - 1}", "--steps", str(args.steps), "--run_dir", run_dir,
-             "--progress_seconds", "30", *extra]
+  command = sweep_command(args.agent, args.env, args.seeds, args.steps, run_dir, extra)
   start = time.monotonic()
   done = subprocess.run(command, cwd=ROOT, env=dict(os.environ, JRL_JAX_CACHE=cache), capture_output=True, text=True)
   wall = time.monotonic() - start
   if done.returncode != 0:
     sys.exit(f"{name} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-  seeds = []
-  for seed in range(args.seeds):
-    name_dir = next(d for d in os.listdir(run_dir) if d.endswith(f"-s{seed}"))
-    with open(os.path.join(run_dir, name_dir, "summary.json")) as f:
-      summary = json.load(f)
-    seeds.append({"seed": seed, "final": summary["eval_return"], "best": summary["best_eval_return"],
-                  "steps_to_threshold": summary["steps_to_threshold"], "digest": summary["params_digest"][:16]})
+  seeds = seed_results(run_dir, args.seeds)
   print(f"{name:10s} {wall:8.1f} s | reached the threshold: "
         f"{sum(s['steps_to_threshold'] is not None for s in seeds)}/{args.seeds} | finals "
         + " ".join(f"{s['final']:.0f}" for s in seeds), flush=True)
@@ -58,12 +69,13 @@ def run_arm(name: str, args, extra, folder: str):
 PUREJAXRL = os.path.join(ROOT, "bench", "third_party", "purejaxrl")
 
 
-def purejaxrl_config(steps: int, env: str) -> dict:
-  """PureJaxRL's config keys, set to what jrl's PPO runs by default (its Config and --num_envs)."""
+def purejaxrl_config(steps: int, env: str, num_envs: int = 0) -> dict:
+  """PureJaxRL's config keys, set to what jrl's PPO runs by default (its Config and --num_envs, or
+  `num_envs` envs, where jrl's batch is all of them: one update per rollout, as PureJaxRL's)."""
   sys.path.insert(0, ROOT)
   from jrl.agents.ppo import Config
   from jrl.experiment.config import ExperimentConfig
-  cfg, num_envs = Config(), ExperimentConfig().num_envs
+  cfg, num_envs = Config(), num_envs or ExperimentConfig().num_envs
   if set(cfg.hidden_sizes) != {64} or len(cfg.hidden_sizes) != 2:
     sys.exit(f"device_sweep: PureJaxRL's network is 64x64; jrl's PPO default is {cfg.hidden_sizes}")
   return {"LR": cfg.learning_rate, "NUM_ENVS": num_envs, "NUM_STEPS": cfg.sequence_length,

@@ -486,3 +486,28 @@ def test_a_device_checkpoint_written_before_evaluation_moved_into_the_loop_resum
   evals = lambda name: [(r["actor_steps"], r["learner_steps"], r["eval_return"])
                         for r in _read(tmp_path / name / "metrics" / "evaluator.csv")]
   assert evals("old") == evals("whole") and len(evals("whole")) == 3
+
+
+@pytest.mark.in_pairs
+@pytest.mark.slow
+@pytest.mark.needs_gymnax
+def test_an_identical_second_command_loads_the_compiled_loop_from_the_cache(tmp_path):
+  """The chunk (its evaluations in it) and the run's other programs go into JAX's persistent
+  cache: the same command again compiles none of them, it loads every one; both reports give
+  their compile seconds."""
+  env = {**os.environ, "JRL_JAX_CACHE": str(tmp_path / "cache")}
+  details = []
+  for name in ("first", "second"):
+    done = subprocess.run([sys.executable, "-m", "launch.train", "--agent", "ppo", "--env", "gymnax:CartPole-v1",
+                           "--backend", "device", "--steps", "8192", "--progress_seconds", "0",
+                           "--run_dir", str(tmp_path / name)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(tmp_path / name / "summary.json") as f:
+      summary = json.load(f)
+    details.append(summary["details"])
+    assert summary["phase_seconds"]["main"]["compile"] == pytest.approx(summary["details"]["compile_seconds"], abs=1e-3)
+    assert "| compile |" in (tmp_path / name / "report.md").read_text()
+  first, second = details
+  assert first["compilation_cache_hits"] == 0 and first["backend_compiles"] > 0, first
+  assert second["compilation_cache_hits"] == second["backend_compiles"] == first["backend_compiles"], second

@@ -112,8 +112,11 @@ class Plan(NamedTuple):
 def chunk_iterations_for(steps: int, iteration_steps: int, chunk_steps: Optional[int] = None) -> int:
   """Iterations per chunk: `chunk_steps` when given, else the host-sync budget's share of the run
   (`steps / HOST_SYNCS`, at most MAX_CHUNK_STEPS), in whole iterations, at least one."""
-  target = chunk_steps or min(max(steps // HOST_SYNCS, 1), MAX_CHUNK_STEPS)
-  return max(1, target // iteration_steps)
+  if chunk_steps:
+    return max(1, chunk_steps // iteration_steps)
+  share = min(max(steps // HOST_SYNCS, 1), MAX_CHUNK_STEPS) // iteration_steps
+  # A power of two: runs of nearby budgets compile the same chunk (and load it from the cache).
+  return 1 << max(share, 1).bit_length() - 1
 
 
 def marks_within(span_steps: int, every: int) -> int:
@@ -265,6 +268,12 @@ class DeviceLoop:
                            episode_length=jnp.where(done, 0, ep_length))
     return carry, (action, extras, out), stats
 
+  def stat_dtypes(self) -> Dict[str, Any]:
+    """What an iteration reports (`_act`'s episode stats, its learner calls, its learner metrics
+    summed over calls), and their types."""
+    counts = {"episodes": jnp.int32, "length_sum": jnp.int32, "calls": jnp.int32}
+    return {"return_sum": jnp.float32, **counts, **{k: jnp.float32 for k in self.metric_keys}}
+
   def _zero_metrics(self):
     return {k: jnp.zeros((), jnp.float32) for k in self.metric_keys}
 
@@ -348,8 +357,7 @@ class DeviceLoop:
     iterate = self.kind.device_iteration(self)
     plan = self.plan
     params = self.learner.params(carry.learner_state)
-    stat_shapes = jax.eval_shape(iterate, carry, inputs.calls_due[0])[1]
-    sums = {k: jnp.zeros((plan.segment_slots,), s.dtype) for k, s in stat_shapes.items()}
+    sums = {k: jnp.zeros((plan.segment_slots,), dtype) for k, dtype in self.stat_dtypes().items()}
     evals = EvalRecord(jnp.zeros((plan.eval_slots, self.exp.eval_episodes), jnp.float32),
                        jnp.zeros((plan.eval_slots,), jnp.float32), books.best, jnp.int32(-1), params)
 

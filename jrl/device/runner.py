@@ -437,7 +437,8 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
              "setup_seconds": round(setup_seconds, 3), "loop_seconds": round(driver.loop_seconds, 3),
              "eval_seconds": round(driver.eval_seconds, 3), "device_evaluations": driver.device_evaluations,
              "loop_compiles": clock.backend_compiles - driver.compiles_before_loop,
-             "compilation_cache": cache_dir, "compilation_cache_hits": clock.cache_hits}
+             "backend_compiles": clock.backend_compiles, "compilation_cache": cache_dir,
+             "compilation_cache_hits": clock.cache_hits}
   sps = report_fields["rates"]["env_steps_per_second"]
   return core.finish(driver, final_params, wall, result, report_fields, kind="device", replay="device",
                      learner_devices=mesh.devices.size, learner_processes=exp.num_processes, details=details,
