@@ -177,6 +177,41 @@ def test_every_flag_given_to_launch_train_exists():
     assert given <= known, f"{command}: unknown flags {sorted(given - known)}"
 
 
+# How long a command takes, roughly: "~1 min", "6-9 min", "41 s", "a few seconds", "several minutes",
+# "tens of minutes", "of the order of an hour", "runs until stopped"; not "per second".
+ROUGH_TIME = re.compile(r"(?:\d|\b(?:an?|few|several|tens of|one to two))\s?(?:s|min|minutes?|h|hours?|seconds?)\b|"
+                        r"until stopped")
+COMMAND_CELL = re.compile(r"\s*`(?:make |\.venv/bin/|bash )")  # a cell that starts with a command
+
+
+def _commands_without_a_time(text):
+  """The commands of a page that say nothing of how long they take: a ```bash block's command
+  (continuation lines joined) without a time in its `# comment`, and a table row with a command
+  cell without a time in its other cells."""
+  missing = []
+  for block in re.findall(r"```bash\n(.*?)```", text, re.DOTALL):
+    for line in block.replace("\\\n", " ").splitlines():
+      command, _, comment = line.partition(" #")
+      if command.strip() and not ROUGH_TIME.search(comment):
+        missing.append(command.strip())
+  for row in re.findall(r"^\|(.*)\|$", text, re.MULTILINE):
+    cells = row.split("|")
+    commands = [cell for cell in cells if COMMAND_CELL.match(cell)]
+    if commands and not ROUGH_TIME.search(" ".join(cell for cell in cells if cell not in commands)):
+      missing.append(commands[0].strip())
+  return missing
+
+
+def test_every_command_says_roughly_how_long_it_takes():
+  """A user deciding whether to run a command now wants its time on the reference machine (the
+  README and docs/index.md say which); the distributed run and the sweeps once gave none."""
+  assert _commands_without_a_time("```bash\nmake train   # ~1 min\nmake test\n```\n| `make bench` | x |\n") == [
+      "make test", "`make bench`"]
+  for page in [ROOT / "README.md"] + PAGES:
+    missing = _commands_without_a_time(page.read_text())
+    assert not missing, f"{page.relative_to(ROOT)}: no time given for {missing}"
+
+
 def test_the_lists_of_agent_modules_name_every_agent():
   """The API page and the library page list the agent modules by hand; the API page once left out
   TD3 and PQN."""
