@@ -57,16 +57,20 @@ PUBLISHED: Dict[str, Dict[str, Any]] = {
                    10_000_000: {"breakout": 28, "asterix": 15, "freeway": 58, "spaceinvaders": 131}}},
 }
 
+# Each agent's row settings are its `minatar` preset (jrl/agents/<agent>/presets.yaml): the sweeps run
+# `--preset minatar`; a record keeps the preset's flags, which its settings are compared by.
+PRESET = "minatar"
+
+
+def preset_flags(agent: str) -> List[str]:
+  from jrl.agents import get_agent
+  from jrl.experiment.presets import find_preset
+  return find_preset(PRESET, agent, get_agent(agent)).argv()
+
+
 SETTINGS = {
-    "ppo": {"env": "gymnax:{name}-MinAtar",
-            "flags": ["--backend", "device", "--num_envs", "64", "--batch_size", "64", "--sequence_length", "128",
-                      "--num_minibatches", "8", "--num_epochs", "4", "--learning_rate", "5e-4", "--discount", "0.999",
-                      "--gae_lambda", "0.95", "--entropy_cost", "0.01", "--max_grad_norm", "0.5",
-                      "--hidden_sizes", "256,256", "--torso", "mlp"]},
-    "dqn": {"env": "MinAtar/{name}-v1",
-            "flags": ["--num_envs", "8", "--batch_size", "32", "--samples_per_insert", "8", "--updates_per_call", "8",
-                      "--learning_rate", "3e-4", "--min_replay_size", "5000", "--max_replay_size", "100000",
-                      "--epsilon_decay_steps", "100000", "--target_update_period", "1000", "--deterministic"]},
+    "ppo": {"env": "gymnax:{name}-MinAtar", "flags": preset_flags("ppo")},
+    "dqn": {"env": "MinAtar/{name}-v1", "flags": preset_flags("dqn")},
 }
 
 
@@ -85,7 +89,7 @@ def run_sweep(agent: str, game: str, args, run_root: str, core: Optional[int] = 
   command = [sys.executable, "-m", "launch.sweep", "--agent", agent, "--env", env, "--seeds", args.seeds,
              "--run_dir", folder, *EXECUTION[agent]["flags"], "--steps", str(args.steps),
              "--eval_every", str(args.eval_every), "--eval_episodes", "32", "--progress_seconds", "60",
-             *settings["flags"]]
+             "--preset", PRESET]
   print(f"[reference] {agent} on {env}{f' (core {core})' if core is not None else ''}: {' '.join(command[1:])}",
         flush=True)
   measured = {"date": datetime.date.today().isoformat(), "commit": commit()}  # the code the sweep runs
@@ -215,6 +219,13 @@ def _estimate(values: List[float]) -> str:
   return f"{point:.1f} [{low:.1f}, {high:.1f}]"
 
 
+def short_command(command: str, agent: str) -> str:
+  """A recorded command as the preset writes it: the preset's flags, where the command spells them
+  out (records made before the presets), become `--preset NAME`."""
+  spelled = " " + " ".join(SETTINGS[agent]["flags"])
+  return command.replace(spelled, f" --preset {PRESET}") if command.endswith(spelled) else command
+
+
 def render_table(records: List[Dict[str, Any]]) -> str:
   """docs/results.md from the committed records: one table per (agent, budget)."""
   lines = ["# Reference results", "",
@@ -260,8 +271,9 @@ def render_table(records: List[Dict[str, Any]]) -> str:
       lines.append(f"| {GAMES[game]} | `{rows[0]['env']}` | {len(ok)}/{len(rows)} | {_estimate(finals)} | "
                    f"{_estimate(bests)} | {ref if ref is not None else '-'} | {ratio} | {sweep_wall:.0f} | "
                    f"{machine / max(1, len(ok)):.0f} |")
-    lines += ["", "Commands (`RUN_DIR` the folder given to `bench/reference.py --run_dir`):", ""]
-    lines += [f"    {c}" for c in record["commands"]]
+    lines += ["", f"Commands (`RUN_DIR` the folder given to `bench/reference.py --run_dir`; `--preset {PRESET}` "
+                  f"is `{' '.join(SETTINGS[agent]['flags'])}`):", ""]
+    lines += [f"    {short_command(c, agent)}" for c in record["commands"]]
     lines.append("")
   if os.path.exists(BELOW_ANCHORS):
     with open(BELOW_ANCHORS) as f:

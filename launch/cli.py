@@ -150,3 +150,29 @@ def build_config(cls: Type, args: argparse.Namespace) -> Any:
 def fail(prog: str, error: ConfigError) -> NoReturn:
   print(f"{prog}: error: {error}", file=sys.stderr)
   sys.exit(2)
+
+
+def preset_name(argv: Sequence[str]) -> Optional[str]:
+  """The value of the last --preset in `argv` (None without one)."""
+  name = None
+  for i, word in enumerate(argv):
+    if word == "--preset" and i + 1 < len(argv):
+      name = argv[i + 1]
+    elif word.startswith("--preset="):
+      name = word.split("=", 1)[1]
+  return name
+
+
+def with_preset(argv: Sequence[str], agent_name: str, agent) -> list:
+  """`argv` with its --preset's flags put before it (the command's own flags, later, win); ConfigError
+  for an unknown preset, or one given with --resume (a resumed run keeps its config)."""
+  from jrl.experiment.config import ExperimentConfig
+  from jrl.experiment.presets import find_preset
+  name = preset_name(argv)
+  if not name:
+    return list(argv)
+  if any(word == "--resume" or word.startswith("--resume=") for word in argv):
+    raise ConfigError("preset", "cannot change when resuming: the run keeps the settings in its config.json")
+  fields = tuple(f.name for f in dataclasses.fields(ExperimentConfig)) + tuple(
+      f.name for f in dataclasses.fields(agent.Config))
+  return find_preset(name, agent_name, agent, fields).argv() + list(argv)

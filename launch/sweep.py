@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Dict, List, NamedTuple, Optional, Sequence
 
-from launch.cli import OneLineParser, build_config, fail, given_fields
+from launch.cli import OneLineParser, build_config, fail, given_fields, with_preset
 
 PROG = "python -m launch.sweep"
 _OWNED = ("seed", "run_dir", "resume")  # set by the sweep for each seed
@@ -145,7 +145,8 @@ def check_train_flags(agent_name: str, env: str, seed: int, train_argv: Sequence
   from launch.train import make_parser
   agent = get_agent(agent_name)
   parser = make_parser(agent_name, agent, prog=PROG)
-  args = parser.parse_args(["--agent", agent_name, "--env", env, "--seed", str(seed), *train_argv])
+  args = parser.parse_args(with_preset(["--agent", agent_name, "--env", env, "--seed", str(seed), *train_argv],
+                                       agent_name, agent))
   exp = build_config(ExperimentConfig, args)
   agent_cfg = build_config(agent.Config, args)
   exp.check_given_flags(given_fields(ExperimentConfig, args))

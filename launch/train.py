@@ -16,7 +16,8 @@ import sys
 from typing import Optional, Sequence
 
 from launch import faults
-from launch.cli import OneLineParser, add_dataclass_flags, add_grouped_flags, build_config, fail, given_fields
+from launch.cli import (OneLineParser, add_dataclass_flags, add_grouped_flags, build_config, fail, given_fields,
+                        with_preset)
 
 PROG = "python -m launch.train"
 FAULT_FLAGS = tuple(faults.FLAGS)  # launch/faults.py's environment variable, as flags
@@ -53,6 +54,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     fail(PROG, e)
 
   parser = make_parser(agent_name, agent)
+  if "--list_presets" in argv:
+    from jrl.experiment.presets import describe, load_presets
+    try:
+      print(f"{agent_name}'s presets (--preset NAME; your own flags win over a preset's):\n"
+            + describe(load_presets(agent_name, agent)), end="")
+    except ConfigError as e:
+      fail(PROG, e)
+    return 0
+  try:
+    argv = with_preset(argv, agent_name, agent)
+  except ConfigError as e:
+    fail(PROG, e)
   args = parser.parse_args(argv)
   exp = None
 
@@ -154,6 +167,8 @@ def make_parser(agent_name: str, agent, prog: str = PROG) -> OneLineParser:
   add_dataclass_flags(parser, agent.Config, f"agent '{agent_name}' (known agents: {', '.join(sorted(AGENTS))})")
   parser.add_argument("--verbose", action="store_true",
                       help="also show native libraries' info lines (Reverb's '[reverb/cc/...]')")
+  parser.add_argument("--list_presets", action="store_true",
+                      help="list the agent's presets (its presets.yaml: name, what it is for, its flags) and exit")
   for flag in FAULT_FLAGS:  # the project's fault tests (launch/faults.py); not listed
     parser.add_argument(f"--{flag}", type=int, default=None, help=argparse.SUPPRESS)
   return parser

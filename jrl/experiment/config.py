@@ -28,7 +28,7 @@ HOST_FIELDS = frozenset({"launcher", "hosts", "placement", "host_command", "host
 # The experiment's fields by concern: `--help` shows one heading per group, in this order.
 FIELD_GROUPS = (
     ("run", "what to train, for how long, evaluation and logging",
-     ("agent", "env", "seed", "steps", "run_dir", "deterministic", "num_envs", "env_groups", "eval_every",
+     ("agent", "env", "seed", "steps", "run_dir", "preset", "deterministic", "num_envs", "env_groups", "eval_every",
       "eval_episodes", "stop_at_threshold", "reward_threshold", "log_every", "progress_seconds")),
     ("learner", "updates, devices and the batch pipeline",
      ("updates_per_call", "learner_devices", "coordinator_address", "num_processes", "process_id", "prefetch")),
@@ -52,6 +52,8 @@ class ExperimentConfig:
   seed: int = 0                      # seeds envs, networks, policies and replay sampling
   steps: int = 50_000                # env-step budget of the actors
   run_dir: str = ""                  # results folder; empty means runs/<agent>-<env>-s<seed>-<time>
+  preset: str = ""                   # a named set of the agent's hyperparameters (--list_presets), applied before
+                                     # the other flags, which win
   deterministic: bool = False        # seeded in-process replay instead of Reverb: same seed, same bytes
   backend: str = "host"              # 'host': Python envs, embedded or distributed; 'device': gymnax envs, one compiled loop
   num_envs: int = 8                  # envs stepped together by the actor
