@@ -7,8 +7,10 @@ AGENT ?= dqn
 
 .PHONY: setup setup-core train test test-all test-long test-core lint bench digests reference docs clean
 
+# ACCEL=cuda12 installs JAX's CUDA 12 wheels as well (requirements-lock-cuda12.txt; setup-core also takes
+# cuda13); unset, a venv keeps the accelerator it was set up with (cpu the first time).
 setup:
-	@bash scripts/setup_venv.sh
+	@ACCEL=$(ACCEL) bash scripts/setup_venv.sh
 
 train: setup
 	$(PY) -m launch.train --agent $(AGENT) --env $(ENV) --seed $(SEED) --steps $(STEPS)
@@ -36,7 +38,7 @@ test-long: setup
 # The pure core on Python 3.12 (.venv-core/, requirements-core-py312.txt): no Reverb, Launchpad or
 # TensorFlow; tests marked distributed or device are deselected (tests/conftest.py).
 setup-core:
-	@bash scripts/setup_core_venv.sh
+	@ACCEL=$(ACCEL) bash scripts/setup_core_venv.sh
 
 test-core: setup-core
 	JRL_TEST_PYTHON=.venv-core/bin/python bash scripts/run_tests.sh --core $(PYTEST_ARGS)
