@@ -120,17 +120,21 @@ def _accelerator_processes(host: Accelerators, assigned: Sequence[Tuple[str, int
 
 
 def place_roles(host: Accelerators, learner_devices: int = 0, inference_servers: int = 0, actors: int = 0,
-                evaluators: int = 1, replays: int = 1, counters: int = 1,
+                evaluators: int = 1, replays: int = 1, counters: int = 1, learners: int = 1,
                 jax_platforms: str = "") -> Dict[str, Tuple[Process, ...]]:
   """role -> its processes (index order), each with its devices and environment (module docstring).
 
   `learner_devices` is --learner_devices (0 = all the learner may have), `inference_servers` the
   number of inference servers (0 with --inference actor), `jax_platforms` the JAX_PLATFORMS the run
-  was started with. ConfigError: more --learner_devices than the host has, a GPU asked for in
-  JAX_PLATFORMS where JAX sees none, a negative count.
+  was started with, `learners` its learner processes (--num_processes, all on this host: they
+  split the learner's GPUs, a contiguous share each, or take them in turn where there are fewer).
+  ConfigError: more --learner_devices than the host has, a GPU asked for in JAX_PLATFORMS where JAX
+  sees none, a negative count.
   """
-  counts = {"counter": counters, "replay": replays, "learner": 1, "inference": inference_servers, "actor": actors,
-            "evaluator": evaluators}
+  counts = {"counter": counters, "replay": replays, "learner": learners, "inference": inference_servers,
+            "actor": actors, "evaluator": evaluators}
+  if learners < 1:
+    raise ConfigError("num_processes", f"must be >= 1, got {learners}")
   for field, value in (("learner_devices", learner_devices), ("num_inference_servers", inference_servers),
                        ("num_actors", actors), ("evaluators", evaluators), ("replays", replays),
                        ("counters", counters)):
@@ -152,7 +156,11 @@ def place_roles(host: Accelerators, learner_devices: int = 0, inference_servers:
   free = [d for d in range(n) if d not in learner]
   pool = free if free else list(learner)
   servers = [(pool[i % len(pool)],) for i in range(inference_servers)]
-  assigned = [("learner", 0, learner)] + [("inference", i, s) for i, s in enumerate(servers)]
+  share = len(learner) // learners
+  shares = ([learner[i * share:(i + 1) * share] for i in range(learners)] if share
+            else [(learner[i % len(learner)],) for i in range(learners)])
+  assigned = ([("learner", i, tuple(d)) for i, d in enumerate(shares)]
+              + [("inference", i, s) for i, s in enumerate(servers)])
   placed = _accelerator_processes(host, assigned)
   roles: Dict[str, Tuple[Process, ...]] = {
     "learner": tuple(p for p in placed if p.role == "learner"),

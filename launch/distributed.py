@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 import launchpad as lp
 
+from jrl import accelerators
 from jrl.errors import ConfigError
 from jrl.experiment import report
 from jrl.experiment.builder import build_agent_parts
@@ -268,6 +269,13 @@ class BuiltProgram:
   session: nodes.Session
   placement: Optional[Any]                # launch.placement.Placement; None for a launch on this host
   node_env: Dict[str, str]                # added to each node's environment (local_mp)
+  # role -> its processes' devices and environments (jrl.accelerators.place_roles; local_mp on this host)
+  roles: Optional[Mapping[str, Any]] = None
+
+  @property
+  def node_envs(self) -> Dict[str, Dict[str, str]]:
+    """node name ("learner/0") -> what its role's placement adds to its environment."""
+    return {f"{role}/{p.index}": dict(p.env) for role, processes in (self.roles or {}).items() for p in processes}
 
   @property
   def run_dir(self) -> str:
@@ -288,12 +296,23 @@ def make_program(exp: ExperimentConfig, agent_cfg) -> BuiltProgram:
     raise ConfigError("num_inference_servers", f"must be <= num_actors ({exp.num_actors})")
   placement = cluster.resolve_placement(exp) if exp.launcher != "local" else None
   node_env = loopback.node_env(loopback.bind_address()) if exp.launcher == "local" and exp.lp_launch_type == "local_mp" else {}
+  roles = place_on_this_host(exp) if exp.launcher == "local" and exp.lp_launch_type == "local_mp" else None
   session, counter_state = prepare_session(exp, agent_cfg)
   if exp.num_processes > 1 and not exp.coordinator_address:
     host = placement.host_of("learner", 0).address if placement else "127.0.0.1"
     exp = dataclasses.replace(exp, coordinator_address=f"{host}:{multihost.pick_port()}")
   program, handles = build_program(exp, agent_cfg, session, counter_state)
-  return BuiltProgram(program, handles, exp, agent_cfg, session, placement, node_env)
+  return BuiltProgram(program, handles, exp, agent_cfg, session, placement, node_env, roles)
+
+
+def place_on_this_host(exp: ExperimentConfig) -> Dict[str, Any]:
+  """Each role's devices and environment on this host (jrl.accelerators): the learner and inference
+  servers on its GPUs, the rest on the CPU; nothing changes on a host without GPUs. ConfigError
+  (before anything is written): more --learner_devices than the host's GPUs, JAX_PLATFORMS asking
+  for a GPU JAX does not see."""
+  servers = exp.num_inference_servers if exp.inference == "server" else 0
+  return accelerators.place_roles(accelerators.host_accelerators(), exp.learner_devices, servers, exp.num_actors,
+                                  learners=exp.num_processes, jax_platforms=os.environ.get("JAX_PLATFORMS", ""))
 
 
 def run_distributed(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
@@ -319,7 +338,7 @@ def launch_program(built: BuiltProgram) -> Dict[str, Any]:
     finally:
       echo.stop()
   elif exp.lp_launch_type == "local_mp":
-    manager = supervisor.launch(program, run_dir, policy, node_env)
+    manager = supervisor.launch(program, run_dir, policy, node_env, built.node_envs)
     echo.start()
     try:
       manager.wait()  # until every process has ended; raises NodeFailure (a RuntimeError) with the report
@@ -337,7 +356,8 @@ def launch_program(built: BuiltProgram) -> Dict[str, Any]:
   result, summary = write_run_report(run_dir, session, exp, agent_cfg, summary,
                                      os.cpu_count() if placement is None else None, restarts=restarts,
                                      restarts_total=sum(restarts.values()), lost_hosts=sorted(lost),
-                                     lost_nodes=liveness.lost_nodes(lost))
+                                     lost_nodes=liveness.lost_nodes(lost),
+                                     **({"devices": accelerators.describe(built.roles)} if built.roles else {}))
   write_json(summary_path, summary)
   print(f"report: {result.advice} ({os.path.join(run_dir, REPORT_FILE)})", flush=True)
   summary["run_dir"] = run_dir

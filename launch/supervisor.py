@@ -29,7 +29,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from absl import flags
 import launchpad as lp
@@ -116,7 +116,8 @@ def _blame_rank(group: str) -> int:
 class Supervisor(worker_manager.WorkerManager):
   """Starts the commands, each node's output in its log; restarts per `policy`."""
 
-  def __init__(self, commands: Sequence, run_dir: str, policy: RestartPolicy, env: Dict[str, str]):
+  def __init__(self, commands: Sequence, run_dir: str, policy: RestartPolicy, env: Dict[str, str],
+               node_envs: Optional[Mapping[str, Mapping[str, str]]] = None):
     if not flags.FLAGS.is_parsed():  # WorkerManager reads lp_termination_notice_secs (lp.launch parses them too)
       flags.FLAGS(sys.argv, known_only=True)
     super().__init__(kill_main_thread=False)  # the launcher outlives its nodes to report on them
@@ -132,7 +133,9 @@ class Supervisor(worker_manager.WorkerManager):
     try:
       for command in commands:
         name = command.title
-        self._spawn(_Node(name, list(command.command_as_list), {**command.env_overrides, **env},
+        # node_envs: a node's own additions by name ("learner/0"), e.g. its accelerators (jrl.accelerators).
+        self._spawn(_Node(name, list(command.command_as_list),
+                          {**command.env_overrides, **env, **(node_envs or {}).get(name, {})},
                           os.path.join(self._log_dir, name)))
     except BaseException:
       self._kill()
@@ -244,9 +247,11 @@ class Supervisor(worker_manager.WorkerManager):
       raise self.failure
 
 
-def launch(program: lp.Program, run_dir: str, policy: RestartPolicy, env: Dict[str, str]) -> Supervisor:
-  """Launches `program` with local_mp, one supervised process per node; `env` is added to each."""
-  run_locally._LOCAL_LAUNCHER_MAP[TERMINAL] = lambda commands: Supervisor(commands, run_dir, policy, env)
+def launch(program: lp.Program, run_dir: str, policy: RestartPolicy, env: Dict[str, str],
+           node_envs: Optional[Mapping[str, Mapping[str, str]]] = None) -> Supervisor:
+  """Launches `program` with local_mp, one supervised process per node; `env` is added to each, and
+  `node_envs[name]` to node `name` ("group/index")."""
+  run_locally._LOCAL_LAUNCHER_MAP[TERMINAL] = lambda commands: Supervisor(commands, run_dir, policy, env, node_envs)
   if TERMINAL not in run_locally.SEPARATE_TERMINAL_MODES:
     run_locally.SEPARATE_TERMINAL_MODES += (TERMINAL,)
   try:

@@ -32,6 +32,7 @@ import threading
 import time
 from typing import Dict, List, NamedTuple, Optional, Sequence
 
+from jrl import accelerators
 from launch.cli import OneLineParser, build_config, fail, given_fields, with_preset
 
 PROG = "python -m launch.sweep"
@@ -289,9 +290,14 @@ class _Child:
     return Outcome(self.job.seed, self.job.name, code, seconds, error, self.job.point)
 
 
-def run_jobs(jobs: Sequence[Job], parallel: int, log_dir: str, on_done, one_core_each: bool = False) -> List[Outcome]:
+def run_jobs(jobs: Sequence[Job], parallel: int, log_dir: str, on_done, one_core_each: bool = False,
+             host: Optional[accelerators.Accelerators] = None) -> List[Outcome]:
   """Runs the jobs, at most `parallel` at once (each on a free core of its own with
-  `one_core_each`), calling `on_done(outcome)` as each ends."""
+  `one_core_each`; on a GPU host each in a slot of `jrl.accelerators.place_sweep`: a GPU of its own
+  where there are `parallel`; `host`: this host's accelerators, found when not given), calling
+  `on_done(outcome)` as each ends."""
+  host = accelerators.host_accelerators() if host is None else host
+  slots = accelerators.place_sweep(host, parallel, os.environ.get("JAX_PLATFORMS", ""))
   os.makedirs(log_dir, exist_ok=True)
   env = dict(os.environ)
   env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH", "")) if p)
@@ -302,10 +308,12 @@ def run_jobs(jobs: Sequence[Job], parallel: int, log_dir: str, on_done, one_core
       while pending and len(running) < parallel:
         job = pending.pop(0)
         core = next(c for c in cores if c not in {r.core for r in running}) if one_core_each else None
-        on = f" on core {core}" if core is not None else ""
+        slot = slots[next(i for i in range(parallel) if i not in {r.slot for r in running})]
+        on = (f" on core {core}" if core is not None else "") + (f" on {slot.describe()}" if slot.devices else "")
         print(f"[sweep] seed {job.seed}: started ({len(outcomes) + len(running) + 1}/{len(jobs)}){on}, "
               f"log {os.path.join(log_dir, job.name + '.log')}", flush=True)
-        running.append(_Child(job, os.path.join(log_dir, job.name + ".log"), env, core))
+        running.append(_Child(job, os.path.join(log_dir, job.name + ".log"), {**env, **slot.env}, core))
+        running[-1].slot = slot.index
       time.sleep(0.2)
       for child in [c for c in running if c.process.poll() is not None]:
         running.remove(child)

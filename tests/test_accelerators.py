@@ -1,6 +1,13 @@
 """Placement by role (jrl/accelerators.py): which accelerators each process of a run gets and the environment
 it starts with, on hosts of 0, 1, 2 and 8 GPUs; a sweep's --parallel slots; bad requests refused."""
 
+import functools
+import json
+import os
+import runpy
+import subprocess
+import sys
+
 import pytest
 
 from jrl.accelerators import CPU_ONLY_ENV, Accelerators, describe, host_accelerators, place_roles, place_sweep
@@ -88,6 +95,15 @@ def test_eight_gpus():
   assert devices(place_roles(gpus(8), learner_devices=8), "learner") == [tuple(range(8))]
 
 
+def test_learner_processes_split_the_learners_gpus():
+  placement = place_roles(gpus(8), learner_devices=4, inference_servers=2, learners=2)
+  assert devices(placement, "learner") == [(0, 1), (2, 3)] and devices(placement, "inference") == [(4,), (5,)]
+  placement = place_roles(gpus(1), learners=2)
+  assert devices(placement, "learner") == [(0,), (0,)]
+  assert {p.env["XLA_PYTHON_CLIENT_MEM_FRACTION"] for p in placement["learner"]} == {"0.37"}
+  assert [p.env for p in place_roles(CPU, learners=3)["learner"]] == [{}, {}, {}]
+
+
 def test_rocm_hides_devices_with_its_own_variable():
   learner, = place_roles(Accelerators("rocm", 2), learner_devices=1)["learner"]
   assert learner.env == {"JAX_PLATFORMS": "rocm,cpu", "HIP_VISIBLE_DEVICES": "0"}
@@ -143,3 +159,87 @@ def test_accelerators_reject_impossible_hosts():
   for bad in (("cuda", 0), ("cpu", 2), ("tpu", 4)):
     with pytest.raises(ValueError):
       Accelerators(*bad)
+
+
+# What each node of the program below runs: the backend JAX picked and the placement's variables, as it saw them.
+_NODE_SCRIPT = """
+import json, os
+import jax
+names = ("JAX_PLATFORMS", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "JRL_TEST_MARK")
+with open(out, "w") as f:
+  json.dump({"backend": jax.default_backend(), "devices": [d.platform for d in jax.devices()],
+             "env": {k: os.environ.get(k) for k in names}}, f)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.needs_reverb
+def test_each_node_starts_with_its_roles_environment(tmp_path):
+  """Real Launchpad nodes (local_mp under jrl's supervisor, as `launch.train --distributed` starts them) each
+  start with their role's environment. This host has no GPU, so every role reports the CPU; the CPU roles
+  get the environment a GPU host gives them (JAX_PLATFORMS=cpu, no visible GPU), the learner and inference
+  server this host's (nothing added) plus a marker, so what arrives is each node's own."""
+  import launchpad as lp
+
+  from launch import supervisor
+
+  script = tmp_path / "node.py"
+  script.write_text(_NODE_SCRIPT)
+  counts = {"counter": 1, "replay": 1, "learner": 1, "inference": 1, "actor": 2, "evaluator": 1}
+  gpu_host = place_roles(gpus(2), inference_servers=1, actors=2)
+  this_host = place_roles(host_accelerators(), inference_servers=1, actors=2)
+  node_envs = {}
+  for role, processes in gpu_host.items():
+    for p in processes:
+      mine = this_host[role][p.index]
+      node_envs[f"{role}/{p.index}"] = ({**mine.env, "JRL_TEST_MARK": f"{role}/{p.index}"}
+                                        if role in ("learner", "inference") else dict(p.env))
+  program = lp.Program("placement")
+  for role, n in counts.items():
+    with program.group(role):
+      for i in range(n):
+        out = str(tmp_path / f"{role}-{i}.json")
+        program.add_node(lp.PyNode(functools.partial(runpy.run_path, str(script), init_globals={"out": out})))
+  policy = supervisor.RestartPolicy()
+  supervisor.launch(program, str(tmp_path / "run"), policy, {}, node_envs).wait()
+  for role, n in counts.items():
+    for i in range(n):
+      seen = json.loads((tmp_path / f"{role}-{i}.json").read_text())
+      assert seen["backend"] == "cpu" and set(seen["devices"]) == {"cpu"}, (role, seen)
+      if role in ("learner", "inference"):
+        assert seen["env"]["JRL_TEST_MARK"] == f"{role}/{i}" and seen["env"]["JAX_PLATFORMS"] in (None, "cpu")
+      else:
+        assert seen["env"] == {"JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": "",
+                               "JRL_TEST_MARK": None}, (role, seen)
+
+
+@pytest.mark.needs_reverb
+def test_distributed_run_asking_for_a_gpu_jax_does_not_see_is_one_line(tmp_path):
+  """Refused in the launcher before a run directory is made or a node started: one line, exit 2."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  command = [sys.executable, "-m", "launch.train", "--distributed", "--run_dir", str(tmp_path / "run")]
+  out = subprocess.run(command, cwd=root, text=True, capture_output=True, timeout=120,
+                       env={**os.environ, "JAX_PLATFORMS": "cuda"})
+  assert out.returncode == 2, out.stderr[-2000:]
+  assert out.stderr.strip() == ("python -m launch.train: error: JAX_PLATFORMS: asks for cuda, but JAX sees only the "
+                                "CPU on this host (no cuda device, or its JAX plugin is not installed: make setup "
+                                "ACCEL=cuda12)")
+  assert not (tmp_path / "run").exists()
+
+
+def test_sweep_parallel_runs_each_start_with_their_slots_gpu(tmp_path):
+  """launch.sweep --parallel 2 on a host given as 2 GPUs: the two runs at once each see a GPU of their own; the
+  third, started when one ended, takes the freed slot's. (The jobs only report their environment: no JAX.)"""
+  from launch import sweep
+  report = ("import json, os, time; time.sleep(0.5); "
+            "print(json.dumps([os.environ.get('CUDA_VISIBLE_DEVICES'), os.environ.get('JAX_PLATFORMS')]))")
+  jobs = [sweep.Job(seed, f"s{seed}", [sys.executable, "-c", report]) for seed in range(3)]
+  outcomes = sweep.run_jobs(jobs, 2, str(tmp_path / "logs"), lambda outcome: None, host=gpus(2))
+  assert [o.returncode for o in outcomes] == [0, 0, 0]
+  seen = [json.loads((tmp_path / "logs" / f"s{seed}.log").read_text().strip().splitlines()[-1]) for seed in range(3)]
+  assert seen[0] == ["0", "cuda,cpu"] and seen[1] == ["1", "cuda,cpu"]
+  assert seen[2] in (["0", "cuda,cpu"], ["1", "cuda,cpu"])
+  # This CPU host: the runs' environment is left as it was.
+  outcomes = sweep.run_jobs(jobs[:2], 2, str(tmp_path / "cpu"), lambda outcome: None)
+  seen = [json.loads((tmp_path / "cpu" / f"s{seed}.log").read_text().strip().splitlines()[-1]) for seed in range(2)]
+  assert all(s == [os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("JAX_PLATFORMS")] for s in seen)

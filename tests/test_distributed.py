@@ -57,6 +57,9 @@ def test_program_runs_end_to_end_and_exits_cleanly(tmp_path):
   assert details["replay_items_inserted"] > 0 and details["replay_items_sampled"] > 0
   assert summary["learner_steps"] > 0 and details["learner_version"] > 0
   assert details["inference_batch_mean"] > 1.0  # two actors share server batches
+  # Each role's devices (jrl.accelerators): this host has no GPU, so every process ran on the CPU.
+  assert details["devices"] == {"counter": ["cpu"], "replay": ["cpu"], "learner": ["cpu"], "inference": ["cpu"],
+                                "actor": ["cpu", "cpu"], "evaluator": ["cpu"]}
   # Actors refresh their parameters every variable_update_period steps while the learner goes on:
   # they act with parameters some learner calls old, never newer than the learner's.
   assert 0 < details["policy_lag_mean"] < details["learner_version"], details["policy_lag_mean"]
