@@ -16,15 +16,15 @@ def _plan(iteration_steps=8, chunk_iterations=100, eval_every=2_500, log_every=1
   span = iteration_steps * chunk_iterations
   evals = min(chunk_iterations, marks_within(span, eval_every) + 1)
   rows = min(chunk_iterations, marks_within(span, log_every))
-  return Plan(Transitions(), num_envs, 1, 1, 0, iteration_steps, chunk_iterations, evals,
-              min(chunk_iterations, evals + rows) + 1)
+  return Plan(Transitions(), num_envs, 1, 1, 0, iteration_steps, chunk_iterations, evals, rows)
 
 
-def _schedule(plan, env_steps, budget, next_log, next_eval, checkpoint_at=None, log_every=1_000, eval_every=2_500):
+def _schedule(plan, env_steps, budget, next_log, next_eval, checkpoint_at=None, log_every=1_000, eval_every=2_500,
+              iterations=None):
   from jrl.device.runner import schedule_chunk
   calls = lambda vector_steps, n: np.zeros(n, np.int32)
   return schedule_chunk(plan, calls, env_steps // plan.num_envs, env_steps, budget, next_log, log_every, next_eval,
-                        eval_every, checkpoint_at)
+                        eval_every, checkpoint_at, iterations)
 
 
 def test_rows_and_evaluations_fall_after_the_iteration_that_first_reaches_each_mark():
@@ -34,9 +34,9 @@ def test_rows_and_evaluations_fall_after_the_iteration_that_first_reaches_each_m
   s = _schedule(plan, 0, 100_000, 1_000, 2_500)
   assert s.iterations == 300 and s.rows == (124, 249) and s.evals == ()
   assert s.events == (124, 249)
-  # Segments: the sums of iterations 0-124, 125-249, 250-299.
-  assert s.inputs.segment[0] == 0 and s.inputs.segment[124] == 0 and s.inputs.segment[125] == 1
-  assert s.inputs.segment[249] == 1 and s.inputs.segment[250] == 2 and s.inputs.segment[299] == 2
+  # Rows: iterations 0-124 end the open row, 125-249 make row 1, 250-299 open the next.
+  assert s.inputs.row[0] == 0 and s.inputs.row[124] == 0 and s.inputs.row[125] == 1
+  assert s.inputs.row[249] == 1 and s.inputs.row[250] == 2 and s.inputs.row[299] == 2
   assert (s.inputs.eval_slot == -1).all() and int(s.inputs.iterations) == 300
   # From 2,400 steps: 2,500 is reached after 13 iterations (2,504), 3,000 after 75 (3,000).
   s = _schedule(plan, 2_400, 100_000, 3_000, 2_500)
@@ -57,6 +57,34 @@ def test_a_chunk_ends_at_the_budget_with_an_evaluation_of_the_final_parameters()
   assert s.iterations == 50 and s.rows == (49,) and s.evals == (49,)  # 10,000 exactly: the last iteration
   s = _schedule(plan, 9_600, 10_003, 10_000, 10_000)
   assert s.iterations == 51 and s.rows == (49,) and s.evals == (49, 50)  # an evaluation at 10,000 and at the end
+
+
+def test_a_chunk_runs_the_iterations_asked_for_within_its_plan():
+  plan = _plan(chunk_iterations=300)
+  assert _schedule(plan, 0, 100_000, 1_000, 2_500, iterations=40).iterations == 40
+  assert _schedule(plan, 0, 100_000, 1_000, 2_500, iterations=4_000).iterations == 300
+  assert int(_schedule(plan, 0, 100_000, 1_000, 2_500, iterations=7).inputs.iterations) == 7
+
+
+def test_chunks_are_sized_to_their_seconds_growing_at_most_eightfold():
+  from jrl.device.loop import CHUNK_SECONDS, FIRST_CHUNK_SHARE
+  from jrl.device.runner import ChunkSizer
+  plan = _plan(chunk_iterations=16_384)
+  sizer = ChunkSizer(plan, 500_000)
+  assert sizer.next == int(500_000 * FIRST_CHUNK_SHARE) // 8 == 976
+  sizer.ran(976, 0.1)  # 9,760 iterations a second: 8 x 976 at most
+  assert sizer.next == 8 * 976
+  sizer.ran(4_096, 2.0 * CHUNK_SECONDS)  # 2,048 a second
+  assert sizer.next == 2_048
+  sizer.ran(2_048, 1e3)
+  assert sizer.next == 2  # slow: at least one
+  sizer.ran(1, 1e-9)
+  assert sizer.next == 16  # eightfold at most
+  sizer.ran(16, 1e-9)
+  assert sizer.next == 128
+  fixed = ChunkSizer(plan._replace(fixed=True), 500_000)
+  fixed.ran(10, 100.0)
+  assert fixed.next == 16_384
 
 
 def test_a_chunk_ends_where_a_checkpoint_falls_due_by_steps():

@@ -46,12 +46,13 @@ def test_seed_k_of_a_vmapped_sweep_starts_as_run_k_and_differs_by_float_error_af
   inputs = schedule_chunk(plan, lambda v, n: calls_due_in_chunk(plan, loop, v, n), 0, 0, exp.steps, exp.log_every,
                           exp.log_every, exp.eval_every, exp.eval_every, None).inputs
   books = EvalBooks(jax.random.PRNGKey(0), jnp.int32(0), jnp.float32(0), jnp.float32(jnp.inf))
-  after_together, _ = jax.jit(jax.vmap(loop.chunk, in_axes=(0, None, None)))(together, inputs, books)
+  open_row = {k: jnp.zeros((), dtype) for k, dtype in loop.stat_dtypes().items()}
+  after_together, _ = jax.jit(jax.vmap(loop.chunk, in_axes=(0, None, None, None)))(together, inputs, books, open_row)
   for k, seed in enumerate(seeds):
     alone = jax.jit(loop.init, static_argnums=0)(seed)
     for a, b in zip(_leaves(alone), _leaves(together)):
       assert np.array_equal(a, b[k])
-    after_alone, _ = jax.jit(loop.chunk)(alone, inputs, books)
+    after_alone, _ = jax.jit(loop.chunk)(alone, inputs, books, open_row)
     start = _leaves(loop.learner.params(alone.learner_state))
     moved = _leaves(loop.learner.params(after_alone.learner_state))
     drift = _leaves(loop.learner.params(after_together.learner_state))

@@ -12,9 +12,9 @@ clipped as the kind's `reward_clip` says, where the host's adder clips them; the
 returns reported stay the env's own. A *chunk* is a loop of iterations with the run's
 evaluations among them (greedy episodes on device, at the points the host schedules), compiled
 once (ahead of time) into one `jax.jit` program whose trip count is an input. It returns its
-metric sums reduced on device, per stretch between metric rows and evaluations, and the
-evaluations' returns: the host writes rows, records evaluations, saves policies, checkpoints and
-prints between chunks, a few array transfers each, about `HOST_SYNCS` times a run.
+metric rows summed on device and the evaluations' returns: the host writes rows, records
+evaluations, saves policies, checkpoints and prints between chunks, a few array transfers each,
+about every `CHUNK_SECONDS`.
 
 Agents are used as they are: `make_policy(...).select_action` acts,
 `make_learner(...).update` learns, on the same `Transition` / `LearnerBatch`
@@ -78,13 +78,15 @@ def build_device_parts(agent_name: str, env: GymnaxVecEnv, agent_cfg) -> AgentPa
   return AgentParts(agent, env.spec, networks, agent.make_replay_spec(agent_cfg))
 
 
-# A device run returns to its host about this many times (fewer for short runs, more for long ones
-# whose chunks reach MAX_CHUNK_STEPS): each return costs a few array transfers and the host's
-# bookkeeping, so it is the run's host-sync budget; between returns, evaluations, metric rows and
-# the run's end all fall inside the compiled chunk. MAX_CHUNK_STEPS keeps a chunk to seconds (progress
-# lines, wall-time checkpoints, Ctrl-C) on the slowest device we run on (one CPU core).
-HOST_SYNCS = 64
+# A chunk is compiled for at most MAX_CHUNK_STEPS env steps (a power of two iterations, so runs of
+# nearby budgets share one program and load it from the cache); how many it runs is an input. The
+# host sizes each chunk to about CHUNK_SECONDS of wall from the rate of the ones before (the first
+# ones to FIRST_CHUNK_SHARE of the run at most): long enough that a run spends little of its wall
+# on the host (a few array transfers and its rows a chunk), short enough for progress lines,
+# wall-time checkpoints and Ctrl-C within seconds on the slowest device we run on (one CPU core).
 MAX_CHUNK_STEPS = 131_072
+CHUNK_SECONDS = 1.0
+FIRST_CHUNK_SHARE = 1 / 64
 
 
 class Plan(NamedTuple):
@@ -98,7 +100,8 @@ class Plan(NamedTuple):
   iteration_steps: int      # env steps per iteration
   chunk_iterations: int     # iterations a chunk runs at most
   eval_slots: int = 1       # evaluations a chunk can make (every eval_every steps, and the run's last)
-  segment_slots: int = 2    # metric sums a chunk returns: one per stretch between its rows and evaluations
+  row_slots: int = 1        # metric rows a chunk can complete (every log_every steps)
+  fixed: bool = False       # every chunk runs chunk_iterations (`chunk_steps` given): no sizing by wall time
 
   @property
   def chunk_steps(self) -> int:
@@ -110,13 +113,12 @@ class Plan(NamedTuple):
 
 
 def chunk_iterations_for(steps: int, iteration_steps: int, chunk_steps: Optional[int] = None) -> int:
-  """Iterations per chunk: `chunk_steps` when given, else the host-sync budget's share of the run
-  (`steps / HOST_SYNCS`, at most MAX_CHUNK_STEPS), in whole iterations, at least one."""
+  """The most iterations a chunk runs: `chunk_steps` when given, else MAX_CHUNK_STEPS or the run if
+  shorter, as a power of two of whole iterations, at least one."""
   if chunk_steps:
     return max(1, chunk_steps // iteration_steps)
-  share = min(max(steps // HOST_SYNCS, 1), MAX_CHUNK_STEPS) // iteration_steps
-  # A power of two: runs of nearby budgets compile the same chunk (and load it from the cache).
-  return 1 << max(share, 1).bit_length() - 1
+  most = max(min(steps, MAX_CHUNK_STEPS) // iteration_steps, 1)
+  return 1 << most.bit_length() - 1
 
 
 def marks_within(span_steps: int, every: int) -> int:
@@ -137,16 +139,16 @@ def make_plan(exp: ExperimentConfig, parts: AgentParts, agent_cfg, num_devices: 
   evals = min(iterations, marks_within(span, exp.eval_every) + 1)  # + the run's last
   rows = min(iterations, marks_within(span, exp.log_every))
   return Plan(kind, n, layout.rollouts, layout.rollout_length, layout.calls_per_iteration, layout.iteration_steps,
-              iterations, evals, min(iterations, evals + rows) + 1)
+              iterations, evals, rows, bool(chunk_steps))
 
 
 class ChunkInputs(NamedTuple):
   """The host's schedule of one chunk (the same for every run of a vmapped sweep); arrays of
-  [chunk_iterations]. Iterations from `iterations` on do not run: a chunk ends early at the run's
-  budget or at a checkpoint due by env steps."""
+  [chunk_iterations]. Iterations from `iterations` on do not run: a chunk is sized by wall time
+  and ends early at the run's budget or at a checkpoint due by env steps."""
   iterations: Any           # int32 []: iterations to run
   calls_due: Any            # int32: learner calls due at iteration i (replayed kinds)
-  segment: Any              # int32: the metric sums iteration i adds to (a new one after each row or evaluation)
+  row: Any                  # int32: the metric row iteration i adds to (rows completed before it; the last: open)
   eval_slot: Any            # int32: the evaluation made after iteration i (-1: none)
 
 
@@ -160,9 +162,11 @@ class EvalBooks(NamedTuple):
 
 class ChunkOutputs(NamedTuple):
   """What a chunk returns to the host: reduced on device, a few arrays whatever its length."""
-  sums: Dict[str, Any]      # [segment_slots] the iterations' stats and learner metrics, summed per segment
+  rows: Dict[str, Any]      # [row_slots + 1] each row's sums (the first continues the open row it was given;
+                            # the one after the last completed row is the new open row)
   eval_returns: Any         # [eval_slots, eval_episodes] float32
   eval_means: Any           # [eval_slots] float32: the means the host records (its best and threshold rules)
+  eval_counts: Dict[str, Any]  # [eval_slots] learner calls and episodes since the chunk began, at each evaluation
   best_slot: Any            # int32 []: the chunk's last new best evaluation (-1: none)
   best_params: Any          # the parameters that scored it
   iterations: Any           # int32 []: iterations run (fewer than asked when the run reached its threshold)
@@ -345,48 +349,59 @@ class DeviceLoop:
     carry = carry._replace(learner_state=learner_state, learner_calls=carry.learner_calls + calls)
     return carry, {**stats, "calls": jnp.asarray(calls, jnp.int32), **totals}
 
-  def chunk(self, carry: Carry, inputs: ChunkInputs, books: EvalBooks, may_stop: bool = False):
+  def chunk(self, carry: Carry, inputs: ChunkInputs, books: EvalBooks, open_row: Dict[str, Any],
+            may_stop: bool = False):
     """Up to `chunk_iterations` iterations (the item kind's `device_iteration`), as `inputs`
     schedules them, with the evaluations due among them; -> (carry, ChunkOutputs).
 
-    An evaluation after iteration i plays the greedy policy's episodes with the parameters of
-    that moment (evaluation k of the run: `evaluation_key(seed, k)`'s episodes), keeps the
-    parameters when their mean return is a new best and, with `may_stop` (static), ends the chunk
-    when it reaches `books.stop_at`. Every iteration adds its stats to its segment's sums. The
-    loop's trip count is an input, so one compiled chunk serves a whole run, its last chunk too."""
+    Every iteration adds its stats to its metric row's sums, in iteration order from the row's
+    first iteration: the open row's sums so far (`open_row`, from the chunk before) continue, so a
+    row's values do not depend on where chunks begin and end. An evaluation after iteration i plays
+    the greedy policy's episodes with the parameters of that moment (evaluation k of the run:
+    `evaluation_key(seed, k)`'s episodes), keeps the parameters when their mean return is a new
+    best and, with `may_stop` (static), ends the chunk when it reaches `books.stop_at`. The loop's
+    trip count is an input, so one compiled chunk serves every chunk of a run, its last too."""
     iterate = self.kind.device_iteration(self)
     plan = self.plan
     params = self.learner.params(carry.learner_state)
-    sums = {k: jnp.zeros((plan.segment_slots,), dtype) for k, dtype in self.stat_dtypes().items()}
+    rows = {k: jnp.zeros((plan.row_slots + 1,), dtype).at[0].set(open_row[k])
+            for k, dtype in self.stat_dtypes().items()}
+    counted = {"calls": jnp.int32(0), "episodes": jnp.int32(0)}
     evals = EvalRecord(jnp.zeros((plan.eval_slots, self.exp.eval_episodes), jnp.float32),
-                       jnp.zeros((plan.eval_slots,), jnp.float32), books.best, jnp.int32(-1), params)
+                       jnp.zeros((plan.eval_slots,), jnp.float32),
+                       {k: jnp.zeros((plan.eval_slots,), jnp.int32) for k in counted},
+                       books.best, jnp.int32(-1), params)
 
     def evaluate(state):
-      carry, evals, slot = state
+      carry, evals, slot, counted = state
       params = self.learner.params(carry.learner_state)
       index = books.first_index + slot
       returns = self.evaluate(params, jax.random.fold_in(books.key, index))
       mean = jnp.mean(returns)
       best = jnp.logical_or(index == 0, mean > evals.best)  # EvalHistory.record's rule, on the same mean
       pick = lambda new, old: jnp.where(best, new, old)
-      evals = EvalRecord(evals.returns.at[slot].set(returns), evals.means.at[slot].set(mean), pick(mean, evals.best),
+      evals = EvalRecord(evals.returns.at[slot].set(returns), evals.means.at[slot].set(mean),
+                         {k: evals.counts[k].at[slot].set(counted[k]) for k in counted}, pick(mean, evals.best),
                          pick(slot, evals.best_slot), jax.tree_util.tree_map(pick, params, evals.best_params))
       return evals, jnp.logical_and(may_stop, mean >= books.stop_at)
 
     def body(state):
-      i, carry, sums, evals, _ = state
+      i, carry, rows, counted, evals, _ = state
       carry, stats = iterate(carry, inputs.calls_due[i])
-      segment = inputs.segment[i]
-      sums = {k: sums[k].at[segment].add(stats[k]) for k in sums}
+      row = inputs.row[i]
+      rows = {k: rows[k].at[row].add(stats[k]) for k in rows}
+      counted = {k: counted[k] + stats[k] for k in counted}
       slot = inputs.eval_slot[i]
-      evals, stop = jax.lax.cond(slot >= 0, evaluate, lambda state: (state[1], jnp.bool_(False)), (carry, evals, slot))
-      return i + 1, carry, sums, evals, stop
+      evals, stop = jax.lax.cond(slot >= 0, evaluate, lambda state: (state[1], jnp.bool_(False)),
+                                 (carry, evals, slot, counted))
+      return i + 1, carry, rows, counted, evals, stop
 
     def cond(state):
-      return jnp.logical_and(state[0] < inputs.iterations, jnp.logical_not(state[4]))
+      return jnp.logical_and(state[0] < inputs.iterations, jnp.logical_not(state[-1]))
 
-    i, carry, sums, evals, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), carry, sums, evals, jnp.bool_(False)))
-    return carry, ChunkOutputs(sums, evals.returns, evals.means, evals.best_slot, evals.best_params, i)
+    i, carry, rows, _, evals, _ = jax.lax.while_loop(
+        cond, body, (jnp.int32(0), carry, rows, counted, evals, jnp.bool_(False)))
+    return carry, ChunkOutputs(rows, evals.returns, evals.means, evals.counts, evals.best_slot, evals.best_params, i)
 
   def evaluate(self, params, key):
     return evaluate_episodes(self.env, self.eval_policy, params, key, self.exp.eval_episodes)
@@ -396,6 +411,7 @@ class EvalRecord(NamedTuple):
   """A chunk's evaluations so far (inside `DeviceLoop.chunk`)."""
   returns: Any       # [eval_slots, episodes]
   means: Any         # [eval_slots]
+  counts: Any        # {calls, episodes}: [eval_slots] since the chunk began
   best: Any          # the best mean so far
   best_slot: Any     # the slot that scored it in this chunk (-1: an earlier chunk's)
   best_params: Any

@@ -18,8 +18,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jrl import jit_cache
-from jrl.device.loop import (Carry, ChunkInputs, ChunkOutputs, DeviceLoop, EvalBooks, Plan, build_device_parts,
-                             evaluation_key, make_plan)
+from jrl.device.loop import (CHUNK_SECONDS, FIRST_CHUNK_SHARE, Carry, ChunkInputs, ChunkOutputs, DeviceLoop,
+                             EvalBooks, Plan, build_device_parts, evaluation_key, make_plan)
 from jrl.errors import ConfigError
 from jrl.experiment import report
 from jrl.experiment.config import ExperimentConfig
@@ -119,9 +119,9 @@ class ChunkSchedule(NamedTuple):
   """The host's plan of one chunk: where its metric rows and evaluations fall (iterations of the
   chunk after which they are due), and the chunk's inputs (numpy)."""
   iterations: int            # iterations it runs (unless the run reaches its threshold)
-  rows: Tuple[int, ...]      # after these iterations a metric row is cut
+  rows: Tuple[int, ...]      # after these iterations a metric row is complete (the k-th: row k)
   evals: Tuple[int, ...]     # after these an evaluation is made (the k-th: slot k)
-  events: Tuple[int, ...]    # rows and evaluations, sorted: each ends a segment of the chunk's sums
+  events: Tuple[int, ...]    # rows and evaluations, sorted
   inputs: ChunkInputs
 
 
@@ -140,29 +140,45 @@ def mark_iterations(first_steps: int, iteration_steps: int, iterations: int, mar
 
 def schedule_chunk(plan: Plan, call_schedule: Callable[[int, int], np.ndarray], vector_steps: int, env_steps: int,
                    budget: int, next_log: int, log_every: int, next_eval: int, eval_every: int,
-                   checkpoint_at: Optional[int]) -> ChunkSchedule:
-  """The next chunk of a run at `env_steps`: up to `plan.chunk_iterations` iterations, ending at
-  the first iteration that reaches the budget or `checkpoint_at` (a checkpoint due by env steps),
-  with a row where `next_log` and every `log_every` after fall, an evaluation where `next_eval`
-  and every `eval_every` after fall, and one at the run's last iteration.
+                   checkpoint_at: Optional[int], iterations: Optional[int] = None) -> ChunkSchedule:
+  """The next chunk of a run at `env_steps`: `iterations` (at most `plan.chunk_iterations`, the
+  default), ending at the first iteration that reaches the budget or `checkpoint_at` (a checkpoint
+  due by env steps), with a row where `next_log` and every `log_every` after fall, an evaluation
+  where `next_eval` and every `eval_every` after fall, and one at the run's last iteration.
   `call_schedule(vector_steps, iterations)`: the learner calls due at each iteration."""
   it = plan.iteration_steps
-  n = min(plan.chunk_iterations, max(1, -(-(budget - env_steps) // it)))
+  n = min(iterations or plan.chunk_iterations, plan.chunk_iterations, max(1, -(-(budget - env_steps) // it)))
   if checkpoint_at is not None and checkpoint_at < budget:
     n = min(n, max(1, -(-(checkpoint_at - env_steps) // it)))
   rows = mark_iterations(env_steps, it, n, next_log, log_every)
   evals = mark_iterations(env_steps, it, n, next_eval, eval_every)
   if env_steps + n * it >= budget and (not evals or evals[-1] != n - 1):
     evals.append(n - 1)  # the run's final parameters
-  events = sorted(set(rows) | set(evals))
-  if len(evals) > plan.eval_slots or len(events) >= plan.segment_slots:
-    raise AssertionError(f"chunk schedule: {len(evals)} evaluations, {len(events)} segments exceed the plan {plan}")
+  if len(evals) > plan.eval_slots or len(rows) > plan.row_slots:
+    raise AssertionError(f"chunk schedule: {len(evals)} evaluations, {len(rows)} rows exceed the plan {plan}")
   slots = np.full(plan.chunk_iterations, -1, np.int32)
   slots[evals] = np.arange(len(evals), dtype=np.int32)
-  segment = np.searchsorted(np.asarray(events, np.int64), np.arange(plan.chunk_iterations), side="left")
+  row = np.searchsorted(np.asarray(rows, np.int64), np.arange(plan.chunk_iterations), side="left")
   inputs = ChunkInputs(np.int32(n), call_schedule(vector_steps, plan.chunk_iterations).astype(np.int32),
-                       segment.astype(np.int32), slots)
-  return ChunkSchedule(n, tuple(rows), tuple(evals), tuple(events), inputs)
+                       row.astype(np.int32), slots)
+  return ChunkSchedule(n, tuple(rows), tuple(evals), tuple(sorted(set(rows) | set(evals))), inputs)
+
+
+class ChunkSizer:
+  """How many iterations the next chunk runs: about CHUNK_SECONDS of wall at the rate of the chunk
+  before (growing at most eightfold a chunk), the first FIRST_CHUNK_SHARE of the run; every chunk
+  the plan's length where it is fixed (`chunk_steps`). Where chunks end changes no bytes."""
+
+  def __init__(self, plan: Plan, steps: int):
+    self.plan = plan
+    first = int(steps * FIRST_CHUNK_SHARE) // plan.iteration_steps
+    self.next = plan.chunk_iterations if plan.fixed else max(1, min(plan.chunk_iterations, first))
+
+  def ran(self, iterations: int, seconds: float) -> None:
+    if self.plan.fixed or iterations <= 0:
+      return
+    wanted = int(iterations / max(seconds, 1e-6) * CHUNK_SECONDS)
+    self.next = max(1, min(self.plan.chunk_iterations, wanted, self.next * 8))
 
 
 def float32_at_least(value: float) -> np.float32:
@@ -184,7 +200,7 @@ class SeedHost:
     self.loop_seconds = self.eval_seconds = 0.0
     self.device_evaluations = 0
     self.row_mark = (0.0, 0, 0)  # where the last row was cut: loop seconds (chunks only), env steps, learner steps
-    self.evaluation_key = jax.random.PRNGKey(core.evaluator_seed)
+    self.evaluation_key = np.asarray(jax.random.PRNGKey(core.evaluator_seed))  # host data: every process puts it
     self._compiled_eval = None
     if core.saved is not None:
       host = core.restore_books(core.saved["host"])
@@ -192,11 +208,11 @@ class SeedHost:
       self.pending, self.row_mark = host["pending"], tuple(host["row_mark"])
       self.loop_seconds, self.eval_seconds = host["loop_seconds"], host["eval_seconds"]
 
-  def schedule(self, core: RunCore) -> ChunkSchedule:
+  def schedule(self, core: RunCore, iterations: int) -> ChunkSchedule:
     books, exp = core.books, core.exp
     return schedule_chunk(self.plan, lambda v, n: calls_due_in_chunk(self.plan, self.loop, v, n), self.vector_steps,
                           self.env_steps, exp.steps, books.next_log, exp.log_every, books.next_eval, exp.eval_every,
-                          core.schedule.next_steps)
+                          core.schedule.next_steps, iterations)
 
   def eval_books(self, core: RunCore, may_stop: bool) -> EvalBooks:
     history = core.books.history
@@ -209,44 +225,56 @@ class SeedHost:
     best = np.float32(max(history.returns)) if history.returns else np.float32(0.0)
     return EvalBooks(self.evaluation_key, np.int32(history.count), best, stop_at)
 
+  def open_row(self) -> Dict[str, np.ndarray]:
+    """The sums of the metric row in progress, as the chunk continues them (in its stats' types)."""
+    return {k: np.asarray(self.pending[k], dtype) for k, dtype in self.loop.stat_dtypes().items()}
+
   def account(self, core: RunCore, schedule: ChunkSchedule, out: ChunkOutputs, chunk_wall: float,
               chunk_began: float, best_params: Callable[[], Any]) -> None:
-    """Counts a chunk's iterations from its outputs (this seed's, on the host), writes the rows
-    and records the evaluations it made, in the order they fell. `best_params()`: the parameters
-    of the chunk's best evaluation (fetched only when a new best is to be saved)."""
+    """Counts a chunk's iterations from its outputs (this seed's, on the host), writes the rows it
+    completed and records the evaluations it made, in the order they fell. `best_params()`: the
+    parameters of the chunk's best evaluation (fetched only when a new best is to be saved)."""
     ran = int(out.iterations)
+    plan, upc = self.plan, self.loop.updates_per_call
     loop_began = self.loop_seconds
     self.loop_seconds += chunk_wall
-    rows, slots = set(schedule.rows), {i: k for k, i in enumerate(schedule.evals)}
-    best_slot, done, segment = int(out.best_slot), 0, 0
-    for segment, i in enumerate(schedule.events):
+    first_steps, first_vector, first_learner = self.env_steps, self.vector_steps, self.learner_steps
+    first_episodes, open_before = core.books.episodes_total, dict(self.pending)
+    # Learner calls and episodes since the chunk began, to the end of its row r (row 0 continued the
+    # open row, whose counts the host had taken already): exact integers, however chunks fall.
+    new = lambda key, r: int(out.rows[key][r]) - (int(open_before[key]) if r == 0 else 0)
+    since = lambda key, rows: sum(new(key, r) for r in range(rows))
+    slots, best_slot = {i: k for k, i in enumerate(schedule.evals)}, int(out.best_slot)
+    completed = 0
+
+    def move_to(i: int, calls: int, episodes: int) -> float:
+      """The counts after iteration i; the share of the chunk's time until then."""
+      self.env_steps = first_steps + (i + 1) * plan.iteration_steps
+      self.vector_steps = first_vector + (i + 1) * plan.vector_steps_per_iteration
+      self.learner_steps = first_learner + calls * upc
+      core.books.episodes_total = first_episodes + episodes
+      return (i + 1) / ran  # iterations take equal shares of their chunk's time
+
+    for i in schedule.events:
       if i >= ran:
         break
-      self._add_segment(core, out.sums, segment, i + 1 - done)
-      done = i + 1
-      share = done / ran  # iterations take equal shares of their chunk's time
-      if i in rows:
+      if completed < len(schedule.rows) and schedule.rows[completed] == i:
+        completed += 1
+        share = move_to(i, since("calls", completed), since("episodes", completed))
         core.log_due(self.env_steps)
+        self.pending = {k: out.rows[k][completed - 1].item() for k in self.pending}
         self._write_rows(core, loop_began + chunk_wall * share, chunk_began + chunk_wall * share)
       if i in slots:
         k = slots[i]
+        share = move_to(i, int(out.eval_counts["calls"][k]), int(out.eval_counts["episodes"][k]))
         self.device_evaluations += 1
         row = core.record_evaluation(self, out.eval_returns[k], core.books.history.count,
                                      best_params() if k == best_slot else None, mean=float(out.eval_means[k]),
                                      wall_seconds=chunk_began + chunk_wall * share)
         if k == best_slot and not row["is_best"]:
           raise AssertionError(f"evaluation {k} of the chunk: best on device, not in the run's history")
-      segment += 1
-    if done < ran:
-      self._add_segment(core, out.sums, segment, ran - done)
-
-  def _add_segment(self, core: RunCore, sums: Dict[str, np.ndarray], segment: int, iterations: int) -> None:
-    self.env_steps += iterations * self.plan.iteration_steps
-    self.vector_steps += iterations * self.plan.vector_steps_per_iteration
-    for key in self.pending:
-      self.pending[key] += sums[key][segment].item()
-    self.learner_steps += int(sums["calls"][segment]) * self.loop.updates_per_call
-    core.books.episodes_total += int(sums["episodes"][segment])
+    move_to(ran - 1, since("calls", completed + 1), since("episodes", completed + 1))
+    self.pending = {k: out.rows[k][completed].item() for k in self.pending}
 
   def _write_rows(self, core: RunCore, loop_seconds: float, wall: float) -> None:
     """The rows summed in `pending` since the last row. Rates are the row's own: its steps and
@@ -303,29 +331,29 @@ def fetch_outputs(out: ChunkOutputs) -> Tuple[ChunkOutputs, Callable[[], Any]]:
   return host, best_params
 
 
-def chunk_shapes(plan: Plan, eval_books: Any) -> Tuple[ChunkInputs, EvalBooks]:
-  """Shapes of a chunk's inputs and of `eval_books` (an EvalBooks of arrays or shapes)."""
+def chunk_shapes(plan: Plan, eval_books: EvalBooks, open_row: Dict[str, Any]) -> Tuple[ChunkInputs, EvalBooks, Dict]:
+  """Shapes of a chunk's inputs, and of `eval_books` and `open_row` (arrays: a run's, or stacked runs')."""
   vector = lambda dtype: jax.ShapeDtypeStruct((plan.chunk_iterations,), dtype)
   inputs = ChunkInputs(jax.ShapeDtypeStruct((), jnp.int32), vector(jnp.int32), vector(jnp.int32), vector(jnp.int32))
-  return inputs, jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype)
-                                        if not isinstance(x, jax.ShapeDtypeStruct) else x, eval_books)
+  shape = lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype)
+  return inputs, jax.tree_util.tree_map(shape, eval_books), jax.tree_util.tree_map(shape, open_row)
 
 
 class Compiled(NamedTuple):
   """The device loop's programs, compiled ahead of time."""
-  chunk: Any            # (carry, ChunkInputs, EvalBooks) -> (carry, ChunkOutputs)
+  chunk: Any            # (carry, ChunkInputs, EvalBooks, open row) -> (carry, ChunkOutputs)
   params_of_state: Any  # learner state -> params, replicated
   seconds: float
 
 
 def compile_loop(loop: DeviceLoop, plan: Plan, carry_shape: Carry, shardings: Optional[Carry],
-                 books: EvalBooks, may_stop: bool) -> Compiled:
+                 books: EvalBooks, open_row: Dict[str, Any], may_stop: bool) -> Compiled:
   """Compiles the chunk (its evaluations in it) and the params getter of one run."""
   start = time.monotonic()
   chunk_fn = jax.jit(functools.partial(loop.chunk, may_stop=may_stop),
-                     in_shardings=(shardings, loop.replicated, loop.replicated),
+                     in_shardings=(shardings, loop.replicated, loop.replicated, loop.replicated),
                      out_shardings=(shardings, loop.replicated), donate_argnums=0)
-  compiled_chunk = chunk_fn.lower(carry_shape, *chunk_shapes(plan, books)).compile()
+  compiled_chunk = chunk_fn.lower(carry_shape, *chunk_shapes(plan, books, open_row)).compile()
   # Given the learner state alone: the rest of the carry (env states) may hold weakly typed leaves that
   # the compiled chunk returns strongly typed (gymnax's Pendulum), and any change of type recompiles.
   params_of_state = jax.jit(loop.learner.params, out_shardings=loop.replicated)
@@ -349,7 +377,8 @@ class DeviceDriver(SeedHost):
     self._init_host(core, loop, plan)
     self.may_stop = exp.stop_at_threshold
     self.compiled = compile_loop(loop, plan, carry_shape, shardings, self.eval_books(core, self.may_stop),
-                                 self.may_stop)
+                                 self.open_row(), self.may_stop)
+    self.sizer = ChunkSizer(plan, exp.steps)
     self.compile_seconds = self.compiled.seconds
     self.params()  # compiled now: the loop itself compiles nothing
     self.compiles_before_loop = clock.backend_compiles
@@ -361,12 +390,14 @@ class DeviceDriver(SeedHost):
     return carry_to_host(self.carry)
 
   def advance(self, core: RunCore) -> None:
-    schedule = self.schedule(core)
+    schedule = self.schedule(core, self.sizer.next)
     chunk_start = time.monotonic()
     put = lambda tree: jax.device_put(tree, self.loop.replicated)
-    self.carry, out = self.compiled.chunk(self.carry, put(schedule.inputs), put(self.eval_books(core, self.may_stop)))
+    self.carry, out = self.compiled.chunk(self.carry, put(schedule.inputs), put(self.eval_books(core, self.may_stop)),
+                                          put(self.open_row()))
     out, best_params = fetch_outputs(out)
     chunk_wall = time.monotonic() - chunk_start
+    self.sizer.ran(int(out.iterations), chunk_wall)
     self.account(core, schedule, out, chunk_wall, core.elapsed() - chunk_wall, best_params)
 
 

@@ -28,10 +28,11 @@ import numpy as np
 
 from jrl import jit_cache
 from jrl.device.loop import DeviceLoop, EvalBooks, make_plan
-from jrl.device.runner import (CompileClock, SeedHost, SweepShare, carry_from_host, chunk_shapes, device_setup,
-                               fetch_outputs, write_run_report)
+from jrl.device.runner import (ChunkSizer, CompileClock, SeedHost, SweepShare, carry_from_host, chunk_shapes,
+                               device_setup, fetch_outputs, write_run_report)
 from jrl.errors import ConfigError
 from jrl.experiment.config import ExperimentConfig
+from jrl.experiment.interrupt import Interrupts, RunInterrupted
 from jrl.experiment.run_core import RunCore
 from jrl.experiment.sweep_report import point_label
 from jrl.gymnax_envs import GymnaxVecEnv
@@ -153,10 +154,11 @@ class VmappedRuns:
     if len({(v.env_steps, v.vector_steps) for v in self.views}) != 1:
       raise ConfigError("resume", "the runs' checkpoints are at different env steps; resume them one by one")
     # Runs step together and do not stop at their thresholds: the loop's trip count is the sweep's.
-    chunk = jax.vmap(lambda v, carry, inputs, books: loop_at(v).chunk(carry, inputs, books),
-                     in_axes=(0, 0, None, 0))
-    inputs_shape, books_shape = chunk_shapes(plan, self.eval_books())
-    self.chunk = jax.jit(chunk, donate_argnums=1).lower(self.values, carry_shape, inputs_shape, books_shape).compile()
+    chunk = jax.vmap(lambda v, carry, inputs, books, open_row: loop_at(v).chunk(carry, inputs, books, open_row),
+                     in_axes=(0, 0, None, 0, 0))
+    shapes = chunk_shapes(plan, self.eval_books(), self.open_rows())
+    self.chunk = jax.jit(chunk, donate_argnums=1).lower(self.values, carry_shape, *shapes).compile()
+    self.sizer = ChunkSizer(plan, exp.steps)
     self.params_of_state = jax.jit(loop.learner.params, out_shardings=loop.replicated)
     self.compile_seconds = time.monotonic() - start
     self.views[0].params()  # compiled now
@@ -170,6 +172,11 @@ class VmappedRuns:
     books = [view.eval_books(view.core, may_stop=False) for view in self.views]
     return jax.tree_util.tree_map(lambda *xs: np.stack(xs), *books)
 
+  def open_rows(self) -> Dict[str, np.ndarray]:
+    """Every run's open metric row, stacked (leading axis: runs)."""
+    rows = [view.open_row() for view in self.views]
+    return {k: np.stack([row[k] for row in rows]) for k in rows[0]}
+
   def host_carry(self) -> List[np.ndarray]:
     """The carry's leaves on the host, fetched once per chunk (each run's checkpoint takes its row)."""
     if self._host_carry is None:
@@ -179,16 +186,18 @@ class VmappedRuns:
   def advance(self, cores: Sequence[RunCore]) -> None:
     """One chunk for every run: one call, one transfer of its reduced outputs; each run's rows and
     evaluations go to its own run core."""
-    schedules = [view.schedule(core) for view, core in zip(self.views, cores)]
+    schedules = [view.schedule(core, self.sizer.next) for view, core in zip(self.views, cores)]
     schedule = schedules[0]
     if any(s.rows != schedule.rows or s.evals != schedule.evals for s in schedules[1:]):
       raise AssertionError("the sweep's runs scheduled different chunks; they step together")
     chunk_start = time.monotonic()
     put = lambda tree: jax.device_put(tree, self.loop.replicated)
-    self.carry, out = self.chunk(self.values, self.carry, put(schedule.inputs), put(self.eval_books()))
+    self.carry, out = self.chunk(self.values, self.carry, put(schedule.inputs), put(self.eval_books()),
+                                 put(self.open_rows()))
     self._host_carry = None
     out, best_params = fetch_outputs(out)
     chunk_wall = time.monotonic() - chunk_start
+    self.sizer.ran(int(out.iterations[0]), chunk_wall)
     take = lambda tree, i: jax.tree_util.tree_map(lambda x: x[i], tree)
     for i, (view, core) in enumerate(zip(self.views, cores)):
       view.account(core, schedule, take(out, i), chunk_wall, core.elapsed() - chunk_wall,
@@ -217,6 +226,18 @@ class SweepProgress:
     rate = (sweep.env_steps - self._start_steps) * len(cores) / max(now - self._start, 1e-9)
     print(f"[{self.prefix}] steps {sweep.env_steps}/{self.steps} per run | {rate:.0f} env-steps/s, all runs | "
           f"eval min / mean / max {evals}", flush=True)
+
+
+def interrupted_at(cores: Sequence[RunCore], views: Sequence[SeedView], signum: int) -> None:
+  """Ctrl-C or SIGTERM between chunks: each run checkpoints (`RunCore.interrupted`) and the sweep
+  raises RunInterrupted naming the first run's checkpoint (all are at the same env steps)."""
+  first = None
+  for core, view in zip(cores, views):
+    try:
+      core.interrupted(view, signum)
+    except RunInterrupted as e:
+      first = first or e
+  raise first
 
 
 def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run_dirs: Sequence[str],
@@ -254,12 +275,15 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
   progress = SweepProgress(f"{exp.agent} {exp.env} {len(seeds)} runs", exp.steps, exp.progress_seconds)
   setup_seconds = time.monotonic() - start
   try:
-    while sweep.env_steps < exp.steps:
-      sweep.advance(cores)
-      for core, view in zip(cores, sweep.views):
-        core.after_advance(view, may_stop=False)
-      progress.maybe_print(sweep, cores)
-    finals = [jax.device_get(core.conclude(view)) for core, view in zip(cores, sweep.views)]
+    with Interrupts() as interrupts:
+      while sweep.env_steps < exp.steps:
+        sweep.advance(cores)
+        for core, view in zip(cores, sweep.views):
+          core.after_advance(view, may_stop=False)
+        progress.maybe_print(sweep, cores)
+        if interrupts.signum is not None:  # every run checkpoints where they all stand, then the sweep stops
+          interrupted_at(cores, sweep.views, interrupts.signum)
+      finals = [jax.device_get(core.conclude(view)) for core, view in zip(cores, sweep.views)]
   finally:
     for core, view in zip(cores, sweep.views):
       core.close(view)
