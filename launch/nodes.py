@@ -375,6 +375,12 @@ class LearnerNode:
     self._ready.wait()
     return self._learner.version
 
+  def mesh_size(self) -> int:
+    """The devices of the learner's mesh, for the run's summary: the evaluator, confined to the CPU
+    on a GPU host (jrl.accelerators), cannot count them itself."""
+    self._ready.wait()
+    return self._mesh_size
+
   def get_variables(self):
     self._ready.wait()
     version = self._learner.version
@@ -420,6 +426,7 @@ class LearnerNode:
     signal.signal(signal.SIGTERM, handler)  # JAX's preemption notifier took SIGTERM from Launchpad's stop
     parts = build_agent_parts(exp.agent, exp.env, cfg)
     mesh = sharding.make_mesh(exp.learner_devices)
+    self._mesh_size = int(mesh.devices.size)
     sharding.check_batch_size(cfg.batch_size, mesh)
     spec = parts.replay_spec
     # One timer per thread: the learner's own (sample wait, update, checkpoints) and its batch prefetch.
@@ -738,7 +745,7 @@ class EvaluatorNode:
         exp=exp, kind="distributed", replay="reverb", actor_steps=actor_steps,
         learner_steps=learner_steps, episodes=counts.get("episodes", 0),
         wall_seconds=counts.get("wall_seconds", 0.0), history=history.summary(),
-        learner_devices=sharding.make_mesh(exp.learner_devices).devices.size, learner_processes=exp.num_processes,
+        learner_devices=wait_unless_stopped(self._learner.futures.mesh_size()), learner_processes=exp.num_processes,
         resumed=self._session.number > 0, checkpoints=[os.path.basename(p) for p in Checkpointer(run_dir).all()],
         params_digest=params_digest(params), failed_writes=[], report_fields=None,
         details={

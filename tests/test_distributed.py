@@ -60,6 +60,7 @@ def test_program_runs_end_to_end_and_exits_cleanly(tmp_path):
   # Each role's devices (jrl.accelerators): this host has no GPU, so every process ran on the CPU.
   assert details["devices"] == {"counter": ["cpu"], "replay": ["cpu"], "learner": ["cpu"], "inference": ["cpu"],
                                 "actor": ["cpu", "cpu"], "evaluator": ["cpu"]}
+  assert summary["learner_devices"] == 1  # the learner's mesh, as the learner counts it (LearnerNode.mesh_size)
   # Actors refresh their parameters every variable_update_period steps while the learner goes on:
   # they act with parameters some learner calls old, never newer than the learner's.
   assert 0 < details["policy_lag_mean"] < details["learner_version"], details["policy_lag_mean"]
