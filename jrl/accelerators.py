@@ -215,9 +215,10 @@ def host_accelerators(env: Optional[Mapping[str, str]] = None, timeout: float = 
            "kind = ('rocm' if 'rocm' in version else 'cuda') if devices and devices[0].platform == 'gpu' else 'cpu'\n"
            "print(json.dumps({'platform': kind, 'count': len(devices)}))\n")
   result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=timeout)
-  if result.returncode != 0:
+  lines = result.stdout.strip().splitlines()
+  if result.returncode != 0 or not lines:
     return Accelerators()  # JAX found no usable accelerator (no driver, no device): the CPU
-  found = json.loads(result.stdout.strip().splitlines()[-1])
+  found = json.loads(lines[-1])
   if found["platform"] not in _VISIBLE or not found["count"]:
     return Accelerators()  # a TPU host, say: not placed, every process unchanged
   return Accelerators(found["platform"], int(found["count"]))

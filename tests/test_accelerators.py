@@ -155,6 +155,20 @@ def test_this_hosts_accelerators():
   assert host_accelerators() == CPU
 
 
+def test_with_a_cuda_plugin_installed_a_child_process_asks_jax(tmp_path, monkeypatch):
+  """A CUDA plugin's metadata on the path (as make setup ACCEL=cuda12 leaves it) makes host_accelerators ask
+  JAX in a child process; on this host without a GPU (and without the plugin's code) JAX answers the CPU."""
+  info = tmp_path / "jax_cuda12_plugin-0.6.2.dist-info"
+  info.mkdir()
+  (info / "METADATA").write_text("Metadata-Version: 2.1\nName: jax-cuda12-plugin\nVersion: 0.6.2\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  from jrl import accelerators
+  assert accelerators._installed_plugins() == ["jax-cuda12-plugin"]
+  assert host_accelerators() == CPU
+  # JAX_PLATFORMS=cuda there: the child fails to start JAX, which is the CPU too (place_roles then refuses).
+  assert host_accelerators({**os.environ, "JAX_PLATFORMS": "cuda"}) == CPU
+
+
 def test_accelerators_reject_impossible_hosts():
   for bad in (("cuda", 0), ("cpu", 2), ("tpu", 4)):
     with pytest.raises(ValueError):
