@@ -22,6 +22,7 @@ import functools
 import glob
 import json
 import os
+import threading
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 import launchpad as lp
@@ -250,11 +251,35 @@ def write_run_report(run_dir: str, session: nodes.Session, exp: ExperimentConfig
 
 
 class ProgramStopped(KeyboardInterrupt):
-  """The program was stopped from outside (Ctrl-C, lp.stop) before its evaluator ended the run."""
+  """The program was stopped from outside (Ctrl-C, SIGTERM, lp.stop) before its evaluator ended
+  the run. `signum`: the signal the launcher got (None: not known, launchers other than local_mp)."""
 
-  def __init__(self, run_dir: str):
+  def __init__(self, run_dir: str, signum: Optional[int] = None):
     super().__init__(run_dir)
-    self.run_dir = run_dir
+    self.run_dir, self.signum = run_dir, signum
+
+
+STOP_CHECKPOINT_SECONDS = 60.0  # the most a stop from outside waits for the learner's checkpoint
+
+
+def checkpoint_before_stop(built: "BuiltProgram") -> None:
+  """At Ctrl-C or SIGTERM to the launcher (local_mp), before the nodes are stopped: the lead
+  learner writes a checkpoint (learner, counters, replay), as the periodic ones, waited for at most
+  STOP_CHECKPOINT_SECONDS. Not when the run has ended (its evaluator wrote the summary after the
+  final checkpoint and stopped the program)."""
+  if os.path.exists(os.path.join(built.run_dir, SUMMARY_FILE)):
+    return
+  print(f"[launcher] stopping: the learner writes a checkpoint first (at most {STOP_CHECKPOINT_SECONDS:.0f} s; "
+        "the same signal again stops at once)", flush=True)
+  written = []
+  call = threading.Thread(target=lambda: written.append(built.nodes.learner.dereference().checkpoint()),
+                          name="checkpoint-before-stop", daemon=True)
+  call.start()
+  call.join(STOP_CHECKPOINT_SECONDS)
+  if not written:
+    raise TimeoutError(f"the learner wrote no checkpoint within {STOP_CHECKPOINT_SECONDS:.0f} s")
+  path = written[0]
+  print(f"[launcher] checkpoint {os.path.relpath(path, built.run_dir)} written; stopping the program", flush=True)
 
 
 @dataclasses.dataclass
@@ -341,6 +366,7 @@ def launch_program(built: BuiltProgram) -> Dict[str, Any]:
     manager = supervisor.launch(program, run_dir, policy, node_env, built.node_envs)
     echo.start()
     try:
+      manager.before_stop = functools.partial(checkpoint_before_stop, built)
       manager.wait()  # until every process has ended; raises NodeFailure (a RuntimeError) with the report
     finally:
       echo.stop()
@@ -348,7 +374,8 @@ def launch_program(built: BuiltProgram) -> Dict[str, Any]:
     lp.launch(program, launch_type=lp.LaunchType.LOCAL_MULTI_THREADING, serialize_py_nodes=False).wait()
   summary_path = os.path.join(run_dir, SUMMARY_FILE)
   if not os.path.exists(summary_path):  # no node failed (that raises above): stopped from outside (Ctrl-C)
-    raise ProgramStopped(run_dir)
+    raise ProgramStopped(run_dir, manager.stop_signal if exp.lp_launch_type == "local_mp" and placement is None
+                         else None)
   with open(summary_path) as f:
     summary = json.load(f)
   restarts = restart_counts(run_dir)

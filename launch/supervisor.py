@@ -14,6 +14,12 @@ it how many times it has been restarted (JRL_RUN_DIR, which run it belongs to). 
 limit, stops the program; `wait()` raises NodeFailure, naming the node, once
 every process has ended. A node that exits cleanly (status 0) is not restarted.
 
+A stop from outside (Ctrl-C or SIGTERM to the launcher) first runs `before_stop` when one is set
+(the learner's checkpoint: `launch.distributed.launch_program` sets it), then stops the nodes as
+above; the same signal again stops them at once. The nodes run in a process group of their own,
+so a terminal's Ctrl-C reaches the launcher alone and the nodes stay up for that checkpoint.
+`stop_signal` is the signal that stopped the program (None when it ended by itself).
+
 Files: node output in RUN_DIR/logs/<group>/<index> (appended to on restart,
 after a marker line), the current pid of each node in
 RUN_DIR/logs/pids/<group>-<index>, one row per restart in
@@ -29,7 +35,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from absl import flags
 import launchpad as lp
@@ -116,6 +122,10 @@ def _blame_rank(group: str) -> int:
 class Supervisor(worker_manager.WorkerManager):
   """Starts the commands, each node's output in its log; restarts per `policy`."""
 
+  before_stop: Optional[Callable[[], None]] = None  # run first at a stop from outside (its own time limit)
+  stop_signal: Optional[int] = None  # SIGINT or SIGTERM, when the program was stopped from outside
+  _stop_pending = False              # a stop from outside that waits for `before_stop` (in `wait`)
+
   def __init__(self, commands: Sequence, run_dir: str, policy: RestartPolicy, env: Dict[str, str],
                node_envs: Optional[Mapping[str, Mapping[str, str]]] = None):
     if not flags.FLAGS.is_parsed():  # WorkerManager reads lp_termination_notice_secs (lp.launch parses them too)
@@ -154,7 +164,7 @@ class Supervisor(worker_manager.WorkerManager):
       # (a custom agent `--agent pkg.module`, an env factory `--env pkg.module:function`).
       env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env.get("PYTHONPATH")) if p)
       # A node dies with this process (its host agent, or the launcher): none outlives its host's agent.
-      process = subprocess.Popen(node.command, env=env, stdout=log, stderr=log, preexec_fn=die_with_parent)
+      process = subprocess.Popen(node.command, env=env, stdout=log, stderr=log, preexec_fn=_node_preexec)
     self._nodes[process.pid] = node
     self._active_workers[node.name].append(process)
     self._workers_count[node.name] += 1
@@ -223,6 +233,45 @@ class Supervisor(worker_manager.WorkerManager):
     elif not running and not self._pending:
       self._disable_alarm()
 
+  def _sigterm(self):
+    self._stop_from_outside(signal.SIGTERM)
+
+  def _stop_by_user(self):
+    self._stop_from_outside(signal.SIGINT)
+
+  def _stop_from_outside(self, signum: int) -> None:
+    """A signal handler (main thread; it may have interrupted `wait` holding the mutex, so it
+    only takes note): the first SIGINT or SIGTERM leaves the stop to `wait`, after `before_stop`;
+    the same signal again (or any, without `before_stop`) stops the nodes now, as Launchpad does."""
+    first = self.stop_signal is None
+    if first:
+      self.stop_signal = signum
+    if first and self.before_stop is not None and not self._stop_event.is_set():
+      self._stop_pending = True
+      return
+    if not first and signum != self.stop_signal and self._stop_pending:
+      return  # Ctrl-C and a parent's SIGTERM both reached the launcher: one stop
+    self._stop_pending = False
+    if signum == signal.SIGINT:
+      super()._stop_by_user()
+    else:
+      super()._sigterm()
+
+  def _checkpoint_then_stop(self) -> None:
+    """Runs `before_stop` (a failure is one line: the program stops all the same), then stops
+    the nodes, unless a second signal has stopped them meanwhile."""
+    try:
+      self.before_stop()
+    except Exception as e:  # noqa: BLE001 - the stop goes on; the line says what was not kept
+      print(f"[supervisor] no checkpoint before the stop: {type(e).__name__}: {e}", flush=True)
+    if self._stop_pending:
+      self._stop_pending = False
+      with self._mutex:
+        if self.stop_signal == signal.SIGINT:
+          super()._stop_by_user()
+        else:
+          super()._sigterm()
+
   def _stop_or_kill(self):
     """Launchpad's, without its countdown: "Waiting for workers to stop for Ns." is printed each
     second with a carriage return, which runs the lines together outside a terminal while nodes
@@ -238,6 +287,8 @@ class Supervisor(worker_manager.WorkerManager):
     """Until every node has ended and no restart is pending; then raises the failure, if any."""
     del labels_to_wait_for, return_on_first_completed
     while True:
+      if self._stop_pending:
+        self._checkpoint_then_stop()
       with self._mutex:
         self._check_workers()
         if not any(self._active_workers.values()) and not self._pending:
@@ -245,6 +296,13 @@ class Supervisor(worker_manager.WorkerManager):
       time.sleep(POLL_SECONDS)
     if self.failure is not None and raise_error:
       raise self.failure
+
+
+def _node_preexec() -> None:
+  """In a node's process before exec: a process group of its own (a terminal's Ctrl-C goes to
+  the launcher, which stops the nodes), and death with its parent."""
+  os.setpgrp()
+  die_with_parent()
 
 
 def launch(program: lp.Program, run_dir: str, policy: RestartPolicy, env: Dict[str, str],

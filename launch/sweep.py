@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -394,10 +395,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       run_vmapped(args, jobs, on_done)
     else:
       run_jobs(jobs, args.parallel, os.path.join(args.run_dir, "logs"), on_done, args.one_core_each)
-  except KeyboardInterrupt:
-    print(f"{PROG}: interrupted; finished seeds are in {record_path}; "
-          f"python -m launch.report {args.run_dir} reports on them", file=sys.stderr)
-    return 130
+  except KeyboardInterrupt as e:  # a vmapped program's runs have checkpointed (RunInterrupted)
+    from jrl.experiment.interrupt import exit_status
+    signum = getattr(e, "signum", None)
+    kept = (f"every unfinished run checkpointed at {e.env_steps} env steps; the same command continues them; "
+            if getattr(e, "checkpoint", None) else "")
+    print(f"{PROG}: interrupted{f' ({signal.Signals(signum).name})' if signum else ''}; {kept}finished seeds are "
+          f"in {record_path}; python -m launch.report {args.run_dir} reports on them", file=sys.stderr)
+    return exit_status(signum or signal.SIGINT)
   failed = [o for o in outcomes if o.returncode != 0]
   runs = sweep_report.load_runs([args.run_dir])
   report = sweep_report.write_report(args.run_dir, runs, reps=args.reps, seed=args.bootstrap_seed)

@@ -7,11 +7,15 @@ Every field of the experiment config and of the agent's config is a flag;
 `--agent NAME --help` lists that agent's fields. A resumed run takes its config
 from DIR/config.json; flags may only change what can change mid-run (--steps,
 checkpoint and progress settings).
+
+Ctrl-C or SIGTERM stops a run at its next safe point with a checkpoint of it, and exits 130
+(SIGINT) or 143 (SIGTERM) naming that checkpoint; --resume continues from it.
 """
 
 import argparse
 import atexit
 import os
+import signal
 import sys
 from typing import Optional, Sequence
 
@@ -130,10 +134,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _finished_embedded_run = not exp.distributed
     print(f"{PROG}: error: {e}", file=sys.stderr)
     return 1
-  except KeyboardInterrupt:
-    print(f"{PROG}: interrupted; {_where_to_continue(exp.run_dir) if exp is not None else 'nothing was written'}",
+  except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: RunInterrupted after the run's checkpoint
+    from jrl.experiment.interrupt import exit_status
+    signum = getattr(e, "signum", None)
+    how = f"interrupted ({signal.Signals(signum).name})" if signum else "interrupted"
+    print(f"{PROG}: {how}; {_where_to_continue(exp.run_dir, e) if exp is not None else 'nothing was written'}",
           file=sys.stderr)
-    return 130
+    return exit_status(signum or signal.SIGINT)
   return 0
 
 
@@ -148,9 +155,14 @@ def _inject_faults(args, exp) -> None:
   faults.to_environment(faults.Faults(**{faults.FLAGS[flag]: value for flag, value in given.items()}))
 
 
-def _where_to_continue(run_dir: str) -> str:
-  """What an interrupted run kept, and the command that continues it."""
+def _where_to_continue(run_dir: str, interrupt: Optional[BaseException] = None) -> str:
+  """What an interrupted run kept (the checkpoint it wrote as it stopped, when it did), and the
+  command that continues it."""
   from jrl.experiment.checkpoint import describe_latest
+  written = getattr(interrupt, "checkpoint", None)
+  if written is not None:
+    return (f"checkpoint written at {interrupt.env_steps} env steps ({os.path.relpath(written, run_dir)}); "
+            f"continue with: {PROG} --resume {run_dir}")
   latest = describe_latest(run_dir)
   if latest is None:
     return f"{run_dir} has no checkpoint yet; the same command starts it over"

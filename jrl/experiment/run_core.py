@@ -12,6 +12,9 @@ one loop every in-process run follows:
       evaluate when due (stop at the threshold if asked); checkpoint when due
     evaluate the final parameters, checkpoint, save the final policy
 
+Ctrl-C or SIGTERM stops the loop after the advance under way and checkpoints there
+(`jrl.experiment.interrupt`): an interrupted run continues with --resume.
+
 The distributed program's evaluator node keeps the same books with the same pieces
 (`evaluator_seed`, `EvalHistory`, `evaluation_info`, `eval_text`, `make_summary`).
 """
@@ -20,6 +23,7 @@ import dataclasses
 import math
 import os
 import shutil
+import signal
 import time
 from typing import Any, Callable, Dict, Optional, Protocol, Tuple
 
@@ -30,6 +34,7 @@ from jrl.experiment import files, plots
 from jrl.experiment.bookkeeping import EvalHistory
 from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule, FailedWrites, checkpoint_to_resume
 from jrl.experiment.files import REPORT_FILE, SUMMARY_FILE, write_json
+from jrl.experiment.interrupt import Interrupts, RunInterrupted
 from jrl.experiment.logging import Progress, metric_log_positions, open_metric_logs
 from jrl.experiment.snapshots import save_policy
 from jrl.experiment.summary import make_summary
@@ -140,6 +145,7 @@ class RunCore:
     self.evaluator_seed = evaluator_seed(exp.seed)
     self.books = RunBooks(EvalHistory(threshold), exp.log_every, exp.eval_every)
     self._start = time.monotonic()
+    self.checkpointed: Tuple[int, Optional[str]] = (-1, None)  # env steps and path of this session's newest
 
   @property
   def resumed(self) -> bool:
@@ -234,27 +240,44 @@ class RunCore:
       books = self.books.state()
       books["wall_before"] = self.elapsed()
       learner_state, run_state, write_replay = driver.checkpoint(books)
+      self.checkpointed = (driver.env_steps, None)  # every process alike, written or not
       if self.follower:
         return  # it took part in gathering the state; the first process saves it
       run_state["positions"] = metric_log_positions(self.tb, self.loggers)
       counters = {"actor_steps": driver.env_steps, "learner_steps": driver.learner_steps,
                   "episodes": self.books.episodes_total, "evaluations": self.books.history.count}
-      self.checkpointer.save(learner_state, run_state, counters, write_replay=write_replay)
+      path = self.checkpointer.save(learner_state, run_state, counters, write_replay=write_replay)
+      self.checkpointed = (driver.env_steps, path)
       save_policy(self.run_dir, "latest", driver.params(),
                   {"actor_steps": driver.env_steps, "learner_steps": driver.learner_steps})
 
   def drive(self, driver: Driver) -> Any:
     """Runs `driver` to the budget (or the threshold, with stop_at_threshold), then evaluates
     the final parameters, checkpoints and saves the final policy; returns those parameters.
-    The logs and the driver are closed however it ends."""
+    The logs and the driver are closed however it ends; at Ctrl-C or SIGTERM, after a checkpoint
+    of the last whole advance (`interrupted`)."""
     try:
-      while driver.env_steps < self.exp.steps:
-        driver.advance(self)
-        if self.after_advance(driver):
-          break
-      return self.conclude(driver)
+      with Interrupts() as interrupts:
+        while driver.env_steps < self.exp.steps:
+          driver.advance(self)
+          if self.after_advance(driver):
+            break
+          self.interrupted(driver, interrupts.signum)
+        return self.conclude(driver)
     finally:
       self.close(driver)
+
+  def interrupted(self, driver: Driver, signum: Optional[int]) -> None:
+    """Between advances: at a signal (`Interrupts.signum`; every process takes the first's
+    decision), checkpoints the run as it stands unless this session's newest checkpoint is already
+    at these steps, and raises RunInterrupted."""
+    if not self._agree(signum is not None):
+      return
+    signum = signum if signum is not None else signal.SIGINT  # a follower stops with the first process
+    if self.checkpointed[0] != driver.env_steps:
+      self.checkpoint(driver)
+    steps, path = self.checkpointed
+    raise RunInterrupted(signum, driver.env_steps, path if steps == driver.env_steps else None)
 
   def after_advance(self, driver: Driver, may_stop: bool = True) -> bool:
     """Evaluates (unless the driver has already evaluated at these steps) and checkpoints when
