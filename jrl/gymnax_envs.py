@@ -33,6 +33,12 @@ def _gymnax():
   return gymnax
 
 
+def load_gymnax() -> None:
+  """Imports gymnax now (about a second: it brings seaborn and matplotlib): the device backend does
+  at its own import, with JAX's, so that a run's clock starts with its work."""
+  _gymnax()
+
+
 def gymnax_name(env_id: str) -> str:
   """What follows `gymnax:` (a gymnax id or a factory reference); ConfigError('env', ...) for an id
   without the prefix, or a gymnax id gymnax does not know."""

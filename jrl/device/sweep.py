@@ -20,7 +20,7 @@ import dataclasses
 import itertools
 import os
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +29,8 @@ import numpy as np
 from jrl import jit_cache
 from jrl.device.loop import DeviceLoop, EvalBooks, make_plan
 from jrl.device.runner import (ChunkSizer, CompileClock, SeedHost, SweepShare, carry_from_host, chunk_shapes,
-                               device_setup, fetch_outputs, write_run_report)
+                               device_setup, fetch_outputs, write_run_report, writing)
+from jrl.experiment.background import BackgroundWriter
 from jrl.errors import ConfigError
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.interrupt import Interrupts, RunInterrupted
@@ -105,19 +106,18 @@ def _with_traced(agent_cfg, fields: Sequence[str], values):
 class SeedView(SeedHost):
   """Run `index` of a vmapped sweep, as a run core's driver sees it."""
 
-  def __init__(self, sweep: "VmappedRuns", index: int, core: RunCore, point_loop: DeviceLoop):
-    self.sweep, self.index, self.point_loop = sweep, index, point_loop
+  def __init__(self, sweep: "VmappedRuns", index: int, core: RunCore, point_loop: Callable[[], DeviceLoop]):
+    self.sweep, self.index, self._point_loop = sweep, index, point_loop
     self._init_host(core, sweep.loop, sweep.plan)
 
   def params(self):
-    state = jax.tree_util.tree_map(lambda x: x[self.index], self.sweep.carry.learner_state)
-    return self.sweep.params_of_state(state)
+    return jax.tree_util.tree_map(lambda x: x[self.index], self.sweep.host_params())
 
   def carry_leaves(self) -> List[np.ndarray]:
     return [leaf[self.index] for leaf in self.sweep.host_carry()]
 
   def evaluation_loop(self) -> DeviceLoop:
-    return self.point_loop  # the run's own hyperparameters (a greedy policy may use them)
+    return self._point_loop()  # the run's own hyperparameters (a greedy policy may use them); built if needed
 
   def advance(self, core: RunCore) -> None:
     raise NotImplementedError("a sweep advances all its runs at once (VmappedRuns.advance)")
@@ -148,9 +148,9 @@ class VmappedRuns:
     else:
       raise ConfigError("resume", "some runs of the sweep have a checkpoint and some do not; resume all or none")
     self._host_carry: Optional[List[np.ndarray]] = None
-    self.views = [SeedView(self, i, core, DeviceLoop(exp, dataclasses.replace(agent_cfg, **point), env, parts, mesh,
-                                                     plan))
-                  for i, (core, point) in enumerate(zip(cores, points))]
+    self._host_params: Optional[Any] = None
+    point_loop = lambda point: lambda: DeviceLoop(exp, dataclasses.replace(agent_cfg, **point), env, parts, mesh, plan)
+    self.views = [SeedView(self, i, core, point_loop(point)) for i, (core, point) in enumerate(zip(cores, points))]
     if len({(v.env_steps, v.vector_steps) for v in self.views}) != 1:
       raise ConfigError("resume", "the runs' checkpoints are at different env steps; resume them one by one")
     # Runs step together and do not stop at their thresholds: the loop's trip count is the sweep's.
@@ -159,9 +159,9 @@ class VmappedRuns:
     shapes = chunk_shapes(plan, self.eval_books(), self.open_rows())
     self.chunk = jax.jit(chunk, donate_argnums=1).lower(self.values, carry_shape, *shapes).compile()
     self.sizer = ChunkSizer(plan, exp.steps)
-    self.params_of_state = jax.jit(loop.learner.params, out_shardings=loop.replicated)
+    self.params_of_runs = jax.jit(jax.vmap(loop.learner.params), out_shardings=loop.replicated)
+    self.host_params()  # compiled now
     self.compile_seconds = time.monotonic() - start
-    self.views[0].params()  # compiled now
 
   @property
   def env_steps(self) -> int:
@@ -177,6 +177,12 @@ class VmappedRuns:
     rows = [view.open_row() for view in self.views]
     return {k: np.stack([row[k] for row in rows]) for k in rows[0]}
 
+  def host_params(self) -> Any:
+    """Every run's parameters on the host (leading axis: runs), fetched once per chunk."""
+    if self._host_params is None:
+      self._host_params = jax.device_get(self.params_of_runs(self.carry.learner_state))
+    return self._host_params
+
   def host_carry(self) -> List[np.ndarray]:
     """The carry's leaves on the host, fetched once per chunk (each run's checkpoint takes its row)."""
     if self._host_carry is None:
@@ -186,16 +192,17 @@ class VmappedRuns:
   def advance(self, cores: Sequence[RunCore]) -> None:
     """One chunk for every run: one call, one transfer of its reduced outputs; each run's rows and
     evaluations go to its own run core."""
-    schedules = [view.schedule(core, self.sizer.next) for view, core in zip(self.views, cores)]
-    schedule = schedules[0]
-    if any(s.rows != schedule.rows or s.evals != schedule.evals for s in schedules[1:]):
+    marks = lambda core: (core.books.next_log, core.books.next_eval, core.schedule.next_steps)
+    if any(marks(core) != marks(cores[0]) for core in cores[1:]):
       raise AssertionError("the sweep's runs scheduled different chunks; they step together")
+    schedule = self.views[0].schedule(cores[0], self.sizer.next)  # every run's
     chunk_start = time.monotonic()
     put = lambda tree: jax.device_put(tree, self.loop.replicated)
-    self.carry, out = self.chunk(self.values, self.carry, put(schedule.inputs), put(self.eval_books()),
-                                 put(self.open_rows()))
-    self._host_carry = None
-    out, best_params = fetch_outputs(out)
+    inputs = (put(schedule.inputs), put(self.eval_books()), put(self.open_rows()))
+    self._host_carry = self._host_params = None
+    with writing(cores[0].writer):  # the earlier chunks' rows, while this one runs
+      self.carry, out = self.chunk(self.values, self.carry, *inputs)
+      out, best_params = fetch_outputs(out)
     chunk_wall = time.monotonic() - chunk_start
     self.sizer.ran(int(out.iterations[0]), chunk_wall)
     take = lambda tree, i: jax.tree_util.tree_map(lambda x: x[i], tree)
@@ -261,11 +268,11 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
     raise ValueError("every point must name the same fields")
   check_one_process(exp)
   env, parts, mesh, plan, threshold = device_setup(exp, agent_cfg, chunk_steps)
-  cores = []
+  cores, writer = [], BackgroundWriter()  # every run's rows, written while the chunks run
   for seed, run_dir, point in zip(seeds, run_dirs, points):
     resume = run_dir if exp.resume else ""
     cores.append(RunCore(dataclasses.replace(exp, seed=seed, run_dir=run_dir, resume=resume),
-                         dataclasses.replace(agent_cfg, **point), threshold))
+                         dataclasses.replace(agent_cfg, **point), threshold, writer=writer))
     cores[-1].start_clock(at=start)
   sweep = VmappedRuns(exp, agent_cfg, env, parts, plan, mesh, cores, points)
   for core, view, point in zip(cores, sweep.views, points):
@@ -285,18 +292,22 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
           interrupted_at(cores, sweep.views, interrupts.signum)
       finals = [jax.device_get(core.conclude(view)) for core, view in zip(cores, sweep.views)]
   finally:
-    for core, view in zip(cores, sweep.views):
-      core.close(view)
+    try:
+      for core, view in zip(cores, sweep.views):
+        core.close(view)
+    finally:
+      writer.close()
   clock.active = False
   summaries = []
   shared = SweepShare(runs=len(seeds), eval_seconds=sum(view.eval_seconds for view in sweep.views))
-  for core, view, final_params, point in zip(cores, sweep.views, finals, points):
-    wall = core.elapsed()
+  walls = [core.elapsed() for core in cores]  # the sweep's, as each run lived it (not the others' reports and plots)
+  for core, view, final_params, point, wall in zip(cores, sweep.views, finals, points, walls):
     # Each run's report charges it the sweep's whole compile, loop and evaluations (they are shared).
-    view.compile_seconds = sweep.compile_seconds
+    view.compile_seconds = max(sweep.compile_seconds, clock.seconds)  # JAX's own compile events, as run_device
     result, report_fields = write_run_report(core.run_dir, core.exp, view, wall, shared)
     details = {"num_envs": plan.num_envs, "chunk_steps": plan.chunk_steps, "vmapped_runs": len(seeds),
-               "grid_point": point, "compile_seconds": round(sweep.compile_seconds, 3),
+               "grid_point": point, "compile_seconds": round(view.compile_seconds, 3),
+               "chunk_compile_seconds": round(sweep.compile_seconds, 3),
                "jax_compile_seconds": round(clock.seconds, 3), "setup_seconds": round(setup_seconds, 3),
                "loop_seconds": round(view.loop_seconds, 3), "eval_seconds": round(view.eval_seconds, 3),
                "device_evaluations": view.device_evaluations, "compilation_cache": cache_dir}

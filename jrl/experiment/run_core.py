@@ -31,6 +31,7 @@ import numpy as np
 
 from jrl import seeding
 from jrl.experiment import files, plots
+from jrl.experiment.background import BackgroundWriter
 from jrl.experiment.bookkeeping import EvalHistory
 from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule, FailedWrites, checkpoint_to_resume
 from jrl.experiment.files import REPORT_FILE, SUMMARY_FILE, write_json
@@ -120,7 +121,8 @@ class RunCore:
   """One run's directory, books and files; `drive` runs a `Driver` to the budget."""
 
   def __init__(self, exp, agent_cfg, threshold: Optional[float], before_writing: Callable[[], None] = lambda: None,
-               timer=NULL_TIMER, follower_dir: Optional[str] = None, agree: Callable[[bool], bool] = bool):
+               timer=NULL_TIMER, follower_dir: Optional[str] = None, agree: Callable[[bool], bool] = bool,
+               writer: Optional[BackgroundWriter] = None):
     """Reads the checkpoint to resume (exp.resume) and prepares the run directory
     (ConfigError for bad input, before anything is written).
 
@@ -129,7 +131,10 @@ class RunCore:
     collective), resumes from the same checkpoint, but writes only its own record, fresh each
     session, into `follower_dir` (metrics, summary); the run directory, its checkpoints and
     policies are the first process's. `agree` makes the processes take the same decision where
-    it depends on a local clock (a checkpoint every N seconds): the first process's."""
+    it depends on a local clock (a checkpoint every N seconds): the first process's.
+    `writer`: rows, progress lines and best-policy snapshots are written on its thread (a
+    `BackgroundWriter`, the driver's; it may serve several runs), for a driver whose host thread
+    should go back to its device; None: written at once."""
     self.exp, self.timer, self.follower, self._agree = exp, timer, follower_dir is not None, agree
     self.resume_info = checkpoint_to_resume(exp.resume, exp.steps, exp.resume_strict) if exp.resume else None
     self.saved: Optional[Dict[str, Any]] = Checkpointer.read_run_state(self.resume_info) if self.resume_info else None
@@ -144,6 +149,7 @@ class RunCore:
     self.failed_writes = FailedWrites()
     self.evaluator_seed = evaluator_seed(exp.seed)
     self.books = RunBooks(EvalHistory(threshold), exp.log_every, exp.eval_every)
+    self.writer = writer
     self._start = time.monotonic()
     self.checkpointed: Tuple[int, Optional[str]] = (-1, None)  # env steps and path of this session's newest
 
@@ -185,25 +191,43 @@ class RunCore:
                  learner_metrics: Dict[str, float], wall_seconds: float) -> None:
     """The actor's row, the learner's (when it has metrics) and the progress line."""
     nan = float("nan")
-    self.loggers["actor"].write({
-        "actor_steps": env_steps, "episodes": self.books.episodes_total,
-        "episode_return": nan if episode_return is None else episode_return,
-        "episode_length": nan if episode_length is None else episode_length,
-        "steps_per_second": steps_per_second, "wall_seconds": wall_seconds})
-    if learner_metrics:
-      self.loggers["learner"].write({"actor_steps": env_steps, "learner_steps": learner_steps, **learner_metrics,
-                                     "updates_per_second": updates_per_second, "wall_seconds": wall_seconds})
+    actor = {"actor_steps": env_steps, "episodes": self.books.episodes_total,
+             "episode_return": nan if episode_return is None else episode_return,
+             "episode_length": nan if episode_length is None else episode_length,
+             "steps_per_second": steps_per_second, "wall_seconds": wall_seconds}
+    learner = {"actor_steps": env_steps, "learner_steps": learner_steps, **learner_metrics,
+               "updates_per_second": updates_per_second, "wall_seconds": wall_seconds} if learner_metrics else None
     episode_text = "-" if episode_return is None else f"{episode_return:.1f}"
-    self.progress.maybe_print(f"steps {env_steps}/{self.exp.steps} | {steps_per_second:.0f} env-steps/s | "
-                              f"updates {learner_steps} ({updates_per_second:.0f}/s) | episode return "
-                              f"{episode_text} | eval {eval_text(self.books.history)}")
+    progress = (f"steps {env_steps}/{self.exp.steps} | {steps_per_second:.0f} env-steps/s | updates {learner_steps} "
+                f"({updates_per_second:.0f}/s) | episode return {episode_text} | eval {eval_text(self.books.history)}")
+
+    def write() -> None:
+      self.loggers["actor"].write(actor)
+      if learner is not None:
+        self.loggers["learner"].write(learner)
+      self.progress.maybe_print(progress)
+    self._write(write)
+
+  def _write(self, write: Callable[[], None]) -> None:
+    """A file write: on the background writer where the run has one, else now."""
+    if self.writer is not None:
+      self.writer.submit(write)
+    else:
+      write()
+
+  def drain(self) -> None:
+    """Every write handed to the background writer done (raising the first that failed)."""
+    if self.writer is not None:
+      self.writer.drain()
 
   def _snapshot(self, name: str, params, driver: Driver, **extra) -> None:
+    self._snapshot_at(name, params, driver.env_steps, driver.learner_steps, **extra)
+
+  def _snapshot_at(self, name: str, params, env_steps: int, learner_steps: int, **extra) -> None:
     if self.follower:
       return
     with self.timer.phase(CHECKPOINT), self.failed_writes.attempt(f"policy snapshot '{name}'"):
-      save_policy(self.run_dir, name, params,
-                  {"actor_steps": driver.env_steps, "learner_steps": driver.learner_steps, **extra})
+      save_policy(self.run_dir, name, params, {"actor_steps": env_steps, "learner_steps": learner_steps, **extra})
 
   def evaluate(self, driver: Driver) -> None:
     """Evaluates the driver's parameters now (`driver.evaluate`) and records it."""
@@ -226,15 +250,21 @@ class RunCore:
     books.last_eval_steps = driver.env_steps
     row = books.history.record(driver.env_steps, returns, mean=mean)
     wall = self.elapsed() if wall_seconds is None else wall_seconds
-    self.loggers["evaluator"].write(evaluator_row(driver.env_steps, driver.learner_steps, row, wall))
-    books.last_eval = evaluation_info(row, index, self.evaluator_seed, self.exp.eval_episodes)
-    if row["is_best"] and params is not None:
-      self._snapshot("best", params, driver, **books.last_eval)
+    written = evaluator_row(driver.env_steps, driver.learner_steps, row, wall)
+    books.last_eval = info = evaluation_info(row, index, self.evaluator_seed, self.exp.eval_episodes)
+    counts = (driver.env_steps, driver.learner_steps)
+
+    def write() -> None:
+      self.loggers["evaluator"].write(written)
+      if row["is_best"] and params is not None:
+        self._snapshot_at("best", params, *counts, **info)
+    self._write(write)
     return row
 
   def checkpoint(self, driver: Driver) -> None:
     """A checkpoint of the driver's state and the books, and the 'latest' policy; a failed
     write is recorded and the run goes on."""
+    self.drain()  # the logs' positions it records are those of every row so far
     with self.timer.phase(CHECKPOINT), self.failed_writes.attempt("checkpoint"):
       self.schedule.done(driver.env_steps)  # a failed checkpoint is not retried at once
       books = self.books.state()
@@ -304,9 +334,10 @@ class RunCore:
     return final_params
 
   def close(self, driver: Driver) -> None:
-    """Closes the driver and the metric logs."""
+    """Closes the driver and, the background writer's writes done, the metric logs."""
     try:
       driver.close()
+      self.drain()
     finally:
       for logger in self.loggers.values():
         logger.close()
