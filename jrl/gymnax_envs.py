@@ -34,8 +34,8 @@ def _gymnax():
 
 
 def load_gymnax() -> None:
-  """Imports gymnax now (about a second: it brings seaborn and matplotlib): the device backend does
-  at its own import, with JAX's, so that a run's clock starts with its work."""
+  """Imports gymnax now (about a second: it brings seaborn and matplotlib, and starts JAX's backend):
+  a device run does before its clock starts, so that the clock starts with its work."""
   _gymnax()
 
 

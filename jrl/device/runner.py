@@ -32,8 +32,6 @@ from jrl.learners import distributed, sharding
 from jrl.timing import BACKEND_COMPILE_EVENT, COMPILE, COMPILE_EVENTS, DEVICE_LOOP, EVAL, OTHER, NodeTimes
 
 
-load_gymnax()
-
 PROCESSES_DIR = "processes"  # the records of a multi-process run's other processes (`follower_dir`)
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"  # JAX's event for a program loaded from its persistent cache
 
@@ -89,9 +87,15 @@ def carry_to_host(carry: Carry) -> List[np.ndarray]:
 
 def first_process_decides(decision: bool) -> bool:
   """The first process's `decision`, in every process of the run (a collective)."""
+  return bool(first_process_value(int(decision)))
+
+
+def first_process_value(value: int) -> int:
+  """The first process's `value` (an int taken on a local clock: a chunk's length), in every
+  process of the run (a collective; the value itself where the run is one process)."""
   if jax.process_count() == 1:
-    return bool(decision)
-  return bool(multihost_utils.broadcast_one_to_all(np.int32(decision)))
+    return int(value)
+  return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
 
 
 def process_record_dir(run_dir: str, process_id: int) -> str:
@@ -399,7 +403,8 @@ class DeviceDriver(SeedHost):
     return carry_to_host(self.carry)
 
   def advance(self, core: RunCore) -> None:
-    schedule = self.schedule(core, self.sizer.next)
+    # Every process of a run runs the same chunk: its length is the first process's (sized on its clock).
+    schedule = self.schedule(core, first_process_value(self.sizer.next))
     chunk_start = time.monotonic()
     put = lambda tree: jax.device_put(tree, self.loop.replicated)
     inputs = (put(schedule.inputs), put(self.eval_books(core, self.may_stop)), put(self.open_row()))
@@ -450,13 +455,14 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
   and `checkpoint_every_seconds` ask, and at the end: the loop's whole carry (envs, replay ring,
   learner and policy state, keys) and the host's counters. `exp.resume` continues from the newest
   one; a resumed run ends with the same bytes as one never stopped."""
-  start = time.monotonic()
   # Several processes (one per host) run one loop over the devices of all (the mesh): each runs
   # the same programs on its part of the envs and the batch; the first writes the run.
   if exp.num_processes > 1 and not (exp.run_dir or exp.resume):
     raise ConfigError("run_dir", "a device run over several processes needs --run_dir: every process must "
                                  "name the same folder")
   distributed.initialize(exp.coordinator_address, exp.num_processes, exp.process_id)  # before any other JAX use
+  load_gymnax()  # the backend's start-up (it starts JAX's backend: after the line above), not the run's
+  start = time.monotonic()
   clock = CompileClock()
   cache_dir = jit_cache.enable_compilation_cache()
   env, parts, mesh, plan, threshold = device_setup(exp, agent_cfg, chunk_steps)

@@ -36,7 +36,7 @@ from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.interrupt import Interrupts, RunInterrupted
 from jrl.experiment.run_core import RunCore
 from jrl.experiment.sweep_report import point_label
-from jrl.gymnax_envs import GymnaxVecEnv
+from jrl.gymnax_envs import GymnaxVecEnv, load_gymnax
 from jrl.learners import sharding
 
 
@@ -256,6 +256,7 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
   value) continues each run from its run directory's newest checkpoint. Evaluations, checkpoints
   and the threshold rule are each run's own; the sweep ends when every run has its budget
   (stop_at_threshold stops no run early: they step together)."""
+  load_gymnax()  # the backend's start-up, not the runs'
   start = time.monotonic()
   clock = CompileClock()
   cache_dir = jit_cache.enable_compilation_cache()
