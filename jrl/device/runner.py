@@ -204,7 +204,7 @@ class SeedHost:
   def _init_host(self, core: RunCore, loop: DeviceLoop, plan: Plan) -> None:
     self.core, self.loop, self.plan = core, loop, plan
     self.env_steps = self.learner_steps = self.vector_steps = 0
-    self.pending = {"return_sum": 0.0, "episodes": 0, "length_sum": 0, "calls": 0, **{k: 0.0 for k in loop.metric_keys}}
+    self.pending = {k: np.zeros((), dtype).item() for k, dtype in loop.stat_dtypes().items()}  # the open row's sums
     self.loop_seconds = self.eval_seconds = 0.0
     self.device_evaluations = 0
     self.row_mark = (0.0, 0, 0)  # where the last row was cut: loop seconds (chunks only), env steps, learner steps
@@ -248,10 +248,10 @@ class SeedHost:
     self.loop_seconds += chunk_wall
     first_steps, first_vector, first_learner = self.env_steps, self.vector_steps, self.learner_steps
     first_episodes, open_before = core.books.episodes_total, dict(self.pending)
-    # Learner calls and episodes since the chunk began, to the end of its row r (row 0 continued the
-    # open row, whose counts the host had taken already): exact integers, however chunks fall.
-    new = lambda key, r: int(out.rows[key][r]) - (int(open_before[key]) if r == 0 else 0)
-    since = lambda key, rows: sum(new(key, r) for r in range(rows))
+    # Learner calls and episodes since the chunk began, to the end of its first n rows (row 0
+    # continued the open row, whose counts the host had taken already): exact integers.
+    counted = {key: np.cumsum(out.rows[key].astype(np.int64)) - int(open_before[key]) for key in ("calls", "episodes")}
+    since = lambda key, n: int(counted[key][n - 1]) if n else 0
     slots, best_slot = {i: k for k, i in enumerate(schedule.evals)}, int(out.best_slot)
     completed = 0
 

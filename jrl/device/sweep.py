@@ -221,11 +221,11 @@ class SweepProgress:
     self._start_steps: Optional[int] = None
     self._start = time.monotonic()
 
-  def maybe_print(self, sweep: "VmappedRuns", cores: Sequence[RunCore], force: bool = False) -> None:
+  def maybe_print(self, sweep: "VmappedRuns", cores: Sequence[RunCore]) -> None:
     now = time.monotonic()
     if self._start_steps is None:
       self._start_steps, self._start = sweep.env_steps, now
-    if self.seconds <= 0 or (not force and now - self._last < self.seconds):
+    if self.seconds <= 0 or now - self._last < self.seconds:
       return
     self._last = now
     latest = [core.books.history.returns[-1] for core in cores if core.books.history.returns]
