@@ -67,8 +67,8 @@ class Sizes:
     self.steps = 8_192 if quick else 500_000
     self.wide_envs = 64 if quick else 2_048
     self.wide_steps = 65_536 if quick else 20_971_520  # 160 rollouts of 64 steps at 2,048 envs
-    # Each arm's cap, a share of the whole budget (and never more than what is left of it): on one
-    # H200 the arms take well under their shares of the default 8 minutes.
+    # Each arm's cap, a share of the whole budget (and never more than what is left of it), so that
+    # one slow arm cannot take the time of the arms after it.
     self.cap_shares = {"vmapped": 0.4, "purejaxrl": 0.2, "wide_jrl": 0.2, "wide_purejaxrl": 0.15, "one_by_one": 0.6}
 
 

@@ -34,7 +34,7 @@ def _gymnax():
 
 
 def load_gymnax() -> None:
-  """Imports gymnax now (about a second: it brings seaborn and matplotlib, and starts JAX's backend):
+  """Imports gymnax now (a slow import: it brings seaborn and matplotlib, and starts JAX's backend):
   a device run does before its clock starts, so that the clock starts with its work."""
   _gymnax()
 
