@@ -13,6 +13,7 @@ EMBEDDED_ONLY = {
     "deterministic": "Reverb's samplers cannot be seeded, so a distributed run is not bit-reproducible",
     "log_every": "distributed nodes write a metrics row every second",
     "process_id": "a distributed program numbers its learner processes itself",
+    "actor_device": "actor nodes run on the CPU (jrl.accelerators); --inference server batches them on a GPU",
 }
 DISTRIBUTED_ONLY = frozenset({
     "num_actors", "inference", "num_inference_servers", "inference_timeout_ms", "variable_update_period",
@@ -28,8 +29,8 @@ HOST_FIELDS = frozenset({"launcher", "hosts", "placement", "host_command", "host
 # The experiment's fields by concern: `--help` shows one heading per group, in this order.
 FIELD_GROUPS = (
     ("run", "what to train, for how long, evaluation and logging",
-     ("agent", "env", "seed", "steps", "run_dir", "preset", "deterministic", "num_envs", "env_groups", "eval_every",
-      "eval_episodes", "stop_at_threshold", "reward_threshold", "log_every", "progress_seconds")),
+     ("agent", "env", "seed", "steps", "run_dir", "preset", "deterministic", "num_envs", "env_groups", "actor_device",
+      "eval_every", "eval_episodes", "stop_at_threshold", "reward_threshold", "log_every", "progress_seconds")),
     ("learner", "updates, devices and the batch pipeline",
      ("updates_per_call", "learner_devices", "coordinator_address", "num_processes", "process_id", "prefetch")),
     ("checkpoints", "checkpoints and resume",
@@ -59,6 +60,8 @@ class ExperimentConfig:
   num_envs: int = 8                  # envs stepped together by the actor
   env_groups: int = 1                # the actor's envs step as this many groups in turn, each group's next
                                      # actions computed while the others step (2: halves; pays for CNNs)
+  actor_device: str = "auto"         # where an embedded run's policy acts: 'cpu', 'accelerator' (the learner's
+                                     # first device), or 'auto': by the policy's FLOPs per step (jrl.accelerators)
   updates_per_call: int = 4          # SGD updates per jitted learner call (lax.scan)
   learner_devices: int = 0           # devices of the learner's data-parallel mesh; 0 = all
   coordinator_address: str = ""      # host:port of process 0, to span the learner mesh over processes
@@ -106,6 +109,10 @@ class ExperimentConfig:
                                       "the server batches the actors' requests instead (use --env_groups 1)")
     if self.env_groups > 1 and self.backend == "device":
       raise ConfigError("env_groups", "applies to the host backend's Python envs, not to --backend device")
+    if self.actor_device not in ("auto", "cpu", "accelerator"):
+      raise ConfigError("actor_device", f"must be 'auto', 'cpu' or 'accelerator', got '{self.actor_device}'")
+    if self.actor_device != "auto" and self.backend == "device":
+      raise ConfigError("actor_device", "applies to the host backend; --backend device acts inside its compiled loop")
     if self.backend not in ("host", "device"):
       raise ConfigError("backend", f"must be 'host' or 'device', got '{self.backend}'")
     if self.backend == "device" and self.distributed:
