@@ -137,3 +137,25 @@ def test_the_threshold_in_float32_decides_as_the_host_does():
     bound = float32_at_least(threshold)
     below = np.nextafter(bound, np.float32(-np.inf))
     assert float(bound) >= threshold and float(below) < threshold, threshold
+
+
+def test_a_sweeps_books_after_a_chunk_follow_the_histories_rule():
+  """The books a vmapped sweep keeps from a chunk's outputs (so that its next chunk need not wait
+  for the runs' own books): evaluations counted on, the best as EvalHistory.record's rule: the
+  first evaluation is the best whatever its mean (run 0's -2, below the books' 0.0 placeholder),
+  later ones when above it. Hand-worked: run 1 keeps 5.0 against 4.0 and takes 6.0."""
+  from jrl.device.loop import EvalBooks
+  from jrl.device.sweep import books_after
+  from jrl.experiment.bookkeeping import EvalHistory
+  books = EvalBooks(np.zeros((3, 2), np.uint32), np.array([0, 3, 1], np.int32), np.array([0.0, 5.0, 7.0], np.float32),
+                    np.full(3, np.inf, np.float32))
+  means = np.array([[-2.0, -3.0, 9.0], [4.0, 6.0, 9.0], [7.0, 7.5, 9.0]], np.float32)  # slot 2 not made
+  after = books_after(books, 2, means)
+  np.testing.assert_array_equal(after.first_index, [2, 5, 3])
+  np.testing.assert_array_equal(after.best, np.array([-2.0, 6.0, 7.5], np.float32))
+  assert after.best.dtype == np.float32 and after.first_index.dtype == np.int32
+  history = EvalHistory(None)  # the host's own rule, on run 0's means
+  for mean in means[0, :2]:
+    history.record(0, np.array([mean]), mean=float(mean))
+  assert np.float32(max(history.returns)) == after.best[0]
+  assert books_after(books, 0, means).best.tolist() == books.best.tolist()

@@ -20,14 +20,14 @@ import dataclasses
 import itertools
 import os
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jrl import jit_cache
-from jrl.device.loop import DeviceLoop, EvalBooks, make_plan
+from jrl.device.loop import ChunkOutputs, DeviceLoop, EvalBooks, make_plan
 from jrl.device.runner import (ChunkSizer, CompileClock, SeedHost, SweepShare, carry_from_host, chunk_shapes,
                                device_setup, fetch_outputs, write_run_report, writing)
 from jrl.experiment.background import BackgroundWriter
@@ -162,6 +162,11 @@ class VmappedRuns:
     self.params_of_runs = jax.jit(jax.vmap(loop.learner.params), out_shardings=loop.replicated)
     self.host_params()  # compiled now
     self.compile_seconds = time.monotonic() - start
+    # The next chunk's evaluation books and open rows, every run's (stacked), kept from the chunks'
+    # outputs: the next chunk does not wait for the runs' books (`_behind`).
+    self.next_books, self.next_open_rows = self.eval_books(), self.open_rows()
+    self._behind: Optional[Behind] = None
+    self.overlapped_seconds = 0.0  # host seconds of the runs' books spent while a chunk ran on the device
 
   @property
   def env_steps(self) -> int:
@@ -190,25 +195,83 @@ class VmappedRuns:
     return self._host_carry
 
   def advance(self, cores: Sequence[RunCore]) -> None:
-    """One chunk for every run: one call, one transfer of its reduced outputs; each run's rows and
-    evaluations go to its own run core."""
-    marks = lambda core: (core.books.next_log, core.books.next_eval, core.schedule.next_steps)
-    if any(marks(core) != marks(cores[0]) for core in cores[1:]):
-      raise AssertionError("the sweep's runs scheduled different chunks; they step together")
+    """One chunk for every run: one call, one transfer of its reduced outputs. The first run's
+    books take the chunk at once (they schedule the next one: every run's marks are the same);
+    the other runs' take it while the next chunk runs (`catch_up`), so the host's work between
+    two chunks does not grow with the runs."""
     schedule = self.views[0].schedule(cores[0], self.sizer.next)  # every run's
     chunk_start = time.monotonic()
     put = lambda tree: jax.device_put(tree, self.loop.replicated)
-    inputs = (put(schedule.inputs), put(self.eval_books()), put(self.open_rows()))
+    inputs = (put(schedule.inputs), put(self.next_books), put(self.next_open_rows))
     self._host_carry = self._host_params = None
+    self.carry, out = self.chunk(self.values, self.carry, *inputs)  # dispatched: it runs while ...
+    behind = self.catch_up(cores)  # ... the other runs take the chunk before (their rows and evaluations)
+    hidden = behind > 0 and not out.iterations.is_ready()  # the device was still busy when they were done
+    if hidden:
+      self.overlapped_seconds += behind
     with writing(cores[0].writer):  # the earlier chunks' rows, while this one runs
-      self.carry, out = self.chunk(self.values, self.carry, *inputs)
       out, best_params = fetch_outputs(out)
-    chunk_wall = time.monotonic() - chunk_start
-    self.sizer.ran(int(out.iterations[0]), chunk_wall)
-    take = lambda tree, i: jax.tree_util.tree_map(lambda x: x[i], tree)
-    for i, (view, core) in enumerate(zip(self.views, cores)):
-      view.account(core, schedule, take(out, i), chunk_wall, core.elapsed() - chunk_wall,
-                   lambda i=i: take(best_params(), i))
+    # The chunk's seconds on the device; the books' seconds count as the host's unless they were hidden.
+    chunk_wall = time.monotonic() - chunk_start - (0.0 if hidden else behind)
+    ran = int(out.iterations[0])
+    if ran != schedule.iterations or np.any(out.iterations != ran):
+      raise AssertionError(f"a sweep's chunk ran {out.iterations} iterations, scheduled {schedule.iterations}")
+    self.sizer.ran(ran, chunk_wall)
+    self.next_books = books_after(self.next_books, len(schedule.evals), out.eval_means)
+    self.next_open_rows = {k: np.asarray(out.rows[k][:, len(schedule.rows)], dtype)
+                           for k, dtype in self.loop.stat_dtypes().items()}
+    began = [core.elapsed() - chunk_wall for core in cores]
+    self.views[0].account(cores[0], schedule, _run(out, 0), chunk_wall, began[0], lambda: _run(best_params(), 0))
+    self._behind = Behind(schedule, out, best_params, chunk_wall, began)
+
+  def catch_up(self, cores: Sequence[RunCore]) -> float:
+    """Every run's books take the last chunk (the first run's have); the seconds it took. After
+    it, every run stands where the first does, as a checkpoint, the threshold rule or the end
+    need."""
+    behind, self._behind = self._behind, None
+    if behind is None:
+      return 0.0
+    start = time.monotonic()
+    for i in range(1, len(self.views)):
+      self.views[i].account(cores[i], behind.schedule, _run(behind.out, i), behind.chunk_wall, behind.began[i],
+                            lambda i=i: _run(behind.best_params(), i))
+    marks = lambda core: (core.books.next_log, core.books.next_eval, core.schedule.next_steps)
+    if any(marks(core) != marks(cores[0]) for core in cores[1:]):
+      raise AssertionError("the sweep's runs scheduled different chunks; they step together")
+    return time.monotonic() - start
+
+  def check_books(self) -> None:
+    """AssertionError unless the books kept from the chunks' outputs are the runs' own (caught up)."""
+    books, rows = self.eval_books(), self.open_rows()
+    same = lambda a, b: all(np.array_equal(x, y) for x, y in zip(jax.tree_util.tree_leaves(a),
+                                                                    jax.tree_util.tree_leaves(b)))
+    if not (same(books, self.next_books) and same(rows, self.next_open_rows)):
+      raise AssertionError("the sweep's evaluation books or open rows differ from its runs'")
+
+
+class Behind(NamedTuple):
+  """A chunk the first run's books have taken and the other runs' not yet."""
+  schedule: Any                    # its ChunkSchedule
+  out: ChunkOutputs                # its outputs on the host (leading axis: runs)
+  best_params: Callable[[], Any]   # every run's parameters of its best evaluation in it (fetched on first use)
+  chunk_wall: float
+  began: List[float]               # each run's wall seconds when it began
+
+
+def _run(tree, i: int):
+  """Run i's part of a sweep's outputs (leading axis: runs)."""
+  return jax.tree_util.tree_map(lambda x: x[i], tree)
+
+
+def books_after(books: EvalBooks, evaluations: int, means: np.ndarray) -> EvalBooks:
+  """Every run's evaluation books after a chunk that made its first `evaluations` evaluations with
+  these means ([runs, slots]): the count moves on, and the best is EvalHistory.record's rule (the
+  first evaluation, or a mean above the best), as the chunk applies it."""
+  best, first = np.array(books.best, np.float32), np.asarray(books.first_index)
+  for k in range(evaluations):
+    mean = means[:, k].astype(np.float32)
+    best = np.where((first + k == 0) | (mean > best), mean, best)
+  return books._replace(first_index=(first + evaluations).astype(np.int32), best=best.astype(np.float32))
 
 
 class SweepProgress:
@@ -286,11 +349,17 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
     with Interrupts() as interrupts:
       while sweep.env_steps < exp.steps:
         sweep.advance(cores)
-        for core, view in zip(cores, sweep.views):
-          core.after_advance(view, may_stop=False)
+        # The runs evaluate inside their chunks and do not stop at thresholds: between chunks a run
+        # core has only checkpoints to do, and for those every run's books take the chunk first.
+        if interrupts.signum is not None or any(core.schedule.due(sweep.env_steps) for core in cores):
+          sweep.catch_up(cores)
+          for core, view in zip(cores, sweep.views):
+            core.after_advance(view, may_stop=False)
         progress.maybe_print(sweep, cores)
         if interrupts.signum is not None:  # every run checkpoints where they all stand, then the sweep stops
           interrupted_at(cores, sweep.views, interrupts.signum)
+      sweep.catch_up(cores)
+      sweep.check_books()
       finals = [jax.device_get(core.conclude(view)) for core, view in zip(cores, sweep.views)]
   finally:
     try:
@@ -311,7 +380,8 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
                "chunk_compile_seconds": round(sweep.compile_seconds, 3),
                "jax_compile_seconds": round(clock.seconds, 3), "setup_seconds": round(setup_seconds, 3),
                "loop_seconds": round(view.loop_seconds, 3), "eval_seconds": round(view.eval_seconds, 3),
-               "device_evaluations": view.device_evaluations, "compilation_cache": cache_dir}
+               "device_evaluations": view.device_evaluations, "compilation_cache": cache_dir,
+               "overlapped_host_seconds": round(sweep.overlapped_seconds, 3)}
     label = point_label(point, ", ")
     summaries.append(core.finish(
         view, final_params, wall, result, report_fields, kind="device", replay="device",
