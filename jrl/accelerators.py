@@ -189,6 +189,38 @@ def describe(placement: Mapping[str, Sequence[Process]]) -> Dict[str, List[str]]
   return {role: [p.describe() for p in processes] for role, processes in placement.items() if processes}
 
 
+# --actor_device: where an embedded run's policy acts (ExperimentConfig.actor_device).
+ACTOR_DEVICES = ("auto", "cpu", "accelerator")
+# `auto` on an accelerator host: a policy call of at most this many FLOPs (XLA's count, for the actor's batch)
+# acts on the CPU, a bigger one on the accelerator. An accelerator's call, however small, costs the actor a round
+# trip at every step (observations in, kernel launches, actions out), which a small program on the CPU undercuts;
+# a big one (a CNN on a batch of frames) is faster on the accelerator. Acme compiles its actors' policies for the
+# CPU (jax.jit(..., backend='cpu')); SEED RL and Sebulba batch many envs' observations on the accelerator. This
+# bound is reasoned from the CPU's measured cost of jrl's policies (docs/accelerators.md), not measured on a GPU;
+# bench/accelerator_check.py's embedded arms measure both placements.
+ACTOR_CPU_MAX_FLOPS = 1e6
+
+
+def actor_device(setting: str, platform: str, flops_per_call: Optional[float] = None) -> str:
+  """Where an embedded run's policy acts: 'cpu' or 'accelerator' (the learner's first device).
+
+  `setting` is --actor_device, `platform` JAX's default backend in the process ('cpu', 'gpu', 'tpu'),
+  `flops_per_call` the policy's FLOPs for one call on the actor's batch (None: unknown, the accelerator).
+  'auto' is the CPU on a CPU host (nothing changes) and on an accelerator host by ACTOR_CPU_MAX_FLOPS;
+  ConfigError for 'accelerator' where JAX sees none, or a setting not in ACTOR_DEVICES.
+  """
+  if setting not in ACTOR_DEVICES:
+    raise ConfigError("actor_device", f"must be one of {', '.join(ACTOR_DEVICES)}, got '{setting}'")
+  if platform == "cpu":
+    if setting == "accelerator":
+      raise ConfigError("actor_device", "asks for the accelerator, but JAX sees only the CPU in this process (no GPU, "
+                                        "or its JAX plugin is not installed: make setup ACCEL=cuda12)")
+    return "cpu"
+  if setting != "auto":
+    return setting
+  return "cpu" if flops_per_call is not None and flops_per_call <= ACTOR_CPU_MAX_FLOPS else "accelerator"
+
+
 def _installed_plugins() -> List[str]:
   names = []
   for dist in importlib.metadata.distributions():

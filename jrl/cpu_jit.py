@@ -48,16 +48,30 @@ def small_program_options() -> Dict[str, Any]:
   return known
 
 
-def compiler_options_for(fn: Callable, *args: Any) -> Optional[Dict[str, Any]]:
-  """SMALL_PROGRAM_OPTIONS when `fn(*args)` is a small program on the CPU, else None."""
-  if jax.default_backend() != "cpu":
-    return None
+def program_flops(fn: Callable, *args: Any) -> Optional[float]:
+  """XLA's count of the FLOPs of `fn(*args)` (arrays or jax.ShapeDtypeStruct), None where it has none."""
   try:
     cost = jax.jit(fn).lower(*args).cost_analysis()
-  except Exception:  # noqa: BLE001 - no cost analysis: keep the defaults
+  except Exception:  # noqa: BLE001 - no cost analysis
     return None
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  flops = (cost or {}).get("flops")
+  return (cost or {}).get("flops")
+
+
+def runs_on_platform(*args: Any) -> str:
+  """The platform a jitted call on `args` runs on: that of its arrays committed to a device (a policy's
+  parameters placed on the CPU of a GPU host: jrl.accelerators.actor_device), else JAX's default."""
+  for leaf in jax.tree_util.tree_leaves(args):
+    if isinstance(leaf, jax.Array) and getattr(leaf, "committed", False):
+      return next(iter(leaf.devices())).platform
+  return jax.default_backend()
+
+
+def compiler_options_for(fn: Callable, *args: Any) -> Optional[Dict[str, Any]]:
+  """SMALL_PROGRAM_OPTIONS when `fn(*args)` is a small program on the CPU, else None."""
+  if runs_on_platform(*args) != "cpu":
+    return None
+  flops = program_flops(fn, *args)
   if flops is None or flops > SMALL_PROGRAM_FLOPS:
     return None
   return small_program_options() or None

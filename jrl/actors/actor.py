@@ -12,8 +12,10 @@ import gymnasium as gym
 import jax
 import numpy as np
 
+from jrl import accelerators
 from jrl.actors.variables import VariableClient
-from jrl.cpu_jit import jit_per_step
+from jrl.cpu_jit import jit_per_step, program_flops
+from jrl.errors import ConfigError
 from jrl.envs import EpisodeStats, EpisodeTracker, final_observations
 from jrl.timing import ENV, INSERT, NULL_TIMER, PARAM_FETCH, POLICY
 from jrl.specs import env_action, observation_dtype
@@ -38,27 +40,58 @@ def latest_params(variables: VariableClient, timer) -> Tuple[Any, int]:
   return variables.params, variables.version
 
 
+def policy_device(setting: str, policy: PolicyFns, params: Any, observation_shape: Sequence[int], observation_dtype,
+                  batch: int, key: PRNGKey) -> jax.Device:
+  """The device an in-process policy acts on, for calls on `batch` observations: this process's CPU or
+  its first device of JAX's default backend (where the learner's mesh starts), by --actor_device
+  `setting` and, for 'auto' on an accelerator host, the policy's FLOPs per call
+  (`jrl.accelerators.actor_device`). ConfigError naming actor_device for a device JAX does not have."""
+  backend = jax.default_backend()
+  flops = None
+  if setting == "auto" and backend != "cpu":
+    obs = jax.ShapeDtypeStruct((batch, *observation_shape), observation_dtype)
+    is_first = jax.ShapeDtypeStruct((batch,), np.bool_)
+    state = jax.eval_shape(lambda k: policy.init(k, batch), key)
+    flops = program_flops(policy.select_action, params, obs, is_first, state)
+  if accelerators.actor_device(setting, backend, flops) == "accelerator":
+    return jax.local_devices()[0]
+  try:
+    return jax.local_devices(backend="cpu")[0]
+  except RuntimeError as e:  # JAX_PLATFORMS without cpu: JAX made no CPU backend
+    if setting == "cpu":
+      raise ConfigError("actor_device", f"asks for the CPU, but JAX has no CPU backend in this process ({e})") from e
+    return jax.local_devices()[0]
+
+
 class LocalPolicy:
   """The pure policy jitted in this process, parameters from a variable client.
 
-  `timer` (a `jrl.timing.PhaseTimer`) gets the parameter fetch as its own phase.
+  `timer` (a `jrl.timing.PhaseTimer`) gets the parameter fetch as its own phase. `device`: where the
+  policy acts (`policy_device`); its state is kept there and the variable client is told to keep the
+  parameters there, so that the jitted call runs there. None: where the variable client's parameters are.
   """
 
   def __init__(self, policy: PolicyFns, variables: VariableClient, key: PRNGKey, timer=None,
-               num_envs: Optional[int] = None):
+               num_envs: Optional[int] = None, device: Optional[jax.Device] = None):
     self._select_action = jit_per_step(policy.select_action)
     self._init = policy.init
     self._key = key
+    if device is not None:
+      variables.place_on(device)
+    self._device = device
     # Made now for `num_envs` envs, else at the first call for that many.
-    self._state = policy.init(key, num_envs) if num_envs is not None else None
+    self._state = self._placed(policy.init(key, num_envs)) if num_envs is not None else None
     self._variables = variables
     self.version = variables.version
     self.extras: Dict[str, np.ndarray] = {}
     self.timer = timer if timer is not None else NULL_TIMER
 
+  def _placed(self, state: Any) -> Any:
+    return state if self._device is None else jax.device_put(state, self._device)
+
   def __call__(self, obs: np.ndarray, is_first: np.ndarray) -> np.ndarray:
     if self._state is None:
-      self._state = self._init(self._key, len(obs))
+      self._state = self._placed(self._init(self._key, len(obs)))
     params, self.version = latest_params(self._variables, self.timer)
     action, extras, self._state = self._select_action(params, obs, is_first, self._state)
     self.extras = extras
@@ -68,7 +101,7 @@ class LocalPolicy:
     return jax.device_get(self._state)
 
   def restore(self, state: Any) -> None:
-    self._state = jax.device_put(state)
+    self._state = jax.device_put(state, self._device)
 
 
 class Actor:
@@ -202,7 +235,7 @@ class GroupedPolicy:
   """
 
   def __init__(self, policy: PolicyFns, variables: VariableClient, key: PRNGKey, num_envs: int, groups: int,
-               timer=None):
+               timer=None, device: Optional[jax.Device] = None):
     if groups < 1 or num_envs % groups:
       raise ValueError(f"{num_envs} envs do not split into {groups} equal groups")
     size = self.group_size = num_envs // groups
@@ -218,7 +251,11 @@ class GroupedPolicy:
       return action, extras, state
 
     self._select = jit_per_step(select_for_group)
-    self._state = policy.init(key, num_envs)
+    if device is not None:  # where the groups act, as LocalPolicy's `device`
+      variables.place_on(device)
+    self._device = device
+    state = policy.init(key, num_envs)
+    self._state = state if device is None else jax.device_put(state, device)
     self._variables = variables
     self.version = variables.version
     self.groups = [_PolicyGroup(self, np.int32(g * size)) for g in range(groups)]
@@ -233,7 +270,7 @@ class GroupedPolicy:
     return jax.device_get(self._state)
 
   def restore(self, state: Any) -> None:
-    self._state = jax.device_put(state)
+    self._state = jax.device_put(state, self._device)
 
 
 class _PolicyGroup:

@@ -29,6 +29,17 @@ class VariableClient:
     self.copies = 0  # parameter sets placed on the device (one per new version)
     self.update()
 
+  @property
+  def device(self) -> jax.Device:
+    return self._device
+
+  def place_on(self, device: jax.Device) -> None:
+    """Keeps `params` on `device` from now on: moved there now and put there at every refresh (an
+    embedded run's policy acting on the CPU while the learner updates on a GPU: --actor_device)."""
+    if device != self._device:
+      self._device = device
+      self.params = jax.device_put(self.params, device)
+
   def maybe_update(self) -> None:
     self._calls += 1
     if self._calls >= self._period:

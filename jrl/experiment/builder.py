@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jrl import cpu_jit, envs, pixel_envs, seeding
+from jrl import accelerators, cpu_jit, envs, pixel_envs, seeding
 from jrl.agents import get_agent
 from jrl.networks import example_observation
 from jrl.replay.adders import RewardClipAdder  # noqa: F401 - checkpoints pickled actors' adders under this name
@@ -49,13 +49,17 @@ def build_agent_parts(agent_name: str, env_id: str, agent_cfg, env_spec: Optiona
   return AgentParts(agent, env_spec, networks, replay_spec)
 
 
-def build_acting_parts(agent_name: str, env_id: str, agent_cfg) -> Tuple[AgentParts, bool]:
+def build_acting_parts(agent_name: str, env_id: str, agent_cfg, actor_device: str = "auto") -> Tuple[AgentParts, bool]:
   """`build_agent_parts` for a process that acts, whose CPU dispatch is first chosen from the
   env's observations (`cpu_jit.choose_dispatch`: before the networks make JAX's CPU client);
-  returns the parts and whether jitted calls now return before their results are computed."""
+  returns the parts and whether jitted calls now return before their results are computed.
+  `actor_device` (--actor_device) is checked against the devices JAX sees here, before a run writes
+  anything: 'accelerator' where there is none is a ConfigError."""
   env_spec = env_spec_of(env_id)
   asynchronous = cpu_jit.choose_dispatch(env_spec.observation_shape)
-  return build_agent_parts(agent_name, env_id, agent_cfg, env_spec), asynchronous
+  parts = build_agent_parts(agent_name, env_id, agent_cfg, env_spec)
+  accelerators.actor_device(actor_device, jax.default_backend())
+  return parts, asynchronous
 
 
 def success_threshold(exp) -> Optional[float]:
@@ -94,16 +98,21 @@ def make_actor(exp, parts: AgentParts, agent_cfg, policy: Any, seed: int, sink, 
   `(variables, key, timer)` for the agent's own policy in this process. The adders are the
   agent's item kind's (`ItemKind.make_adder`: n-step folding, reward clipping). With
   `exp.env_groups` > 1 the envs step as that many groups in turn (`GroupedActor`), which
-  takes the policy in this process."""
-  from jrl.actors.actor import Actor, GroupedActor, GroupedPolicy, LocalPolicy  # the actor shells import jax
+  takes the policy in this process. That policy acts on the device `exp.actor_device` picks for a
+  call on its batch (`policy_device`: an actor node's JAX sees only the CPU)."""
+  from jrl.actors.actor import (Actor, GroupedActor, GroupedPolicy, LocalPolicy,  # the actor shells import jax
+                                policy_device)
   groups = exp.env_groups
   if isinstance(policy, tuple):
     variables, key, policy_timer = policy
     policy_fns = parts.agent.make_policy(parts.networks, agent_cfg)
+    spec = parts.env_spec
+    device = policy_device(exp.actor_device, policy_fns, variables.params, spec.observation_shape,
+                           spec.observation_dtype, exp.num_envs // groups, key)
     if groups > 1:
-      policy = GroupedPolicy(policy_fns, variables, key, exp.num_envs, groups, timer=policy_timer)
+      policy = GroupedPolicy(policy_fns, variables, key, exp.num_envs, groups, timer=policy_timer, device=device)
     else:
-      policy = LocalPolicy(policy_fns, variables, key, num_envs=exp.num_envs, timer=policy_timer)
+      policy = LocalPolicy(policy_fns, variables, key, num_envs=exp.num_envs, timer=policy_timer, device=device)
   if groups == 1:
     return Actor(envs.make_vector_env(exp.env, exp.num_envs, seed), policy,
                  adder=parts.replay_spec.make_adder(exp.num_envs), sink=sink, timer=timer,
