@@ -285,7 +285,7 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   entered = time.perf_counter()
   jit_cache.enable_compilation_cache()  # a rerun loads its compiled programs (JRL_JAX_CACHE=off: never)
   distributed.initialize(exp.coordinator_address, exp.num_processes, exp.process_id)
-  parts, asynchronous = build_acting_parts(exp.agent, exp.env, agent_cfg)
+  parts, asynchronous = build_acting_parts(exp.agent, exp.env, agent_cfg, exp.actor_device)
   mesh = sharding.make_mesh(exp.learner_devices)
   sharding.check_batch_size(agent_cfg.batch_size, mesh)
   # One timer per thread: this one, and the Reverb batch-prefetch thread's.
