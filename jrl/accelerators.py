@@ -127,13 +127,14 @@ def place_roles(host: Accelerators, learner_devices: int = 0, inference_servers:
   `learner_devices` is --learner_devices (0 = all the learner may have), `inference_servers` the
   number of inference servers (0 with --inference actor), `jax_platforms` the JAX_PLATFORMS the run
   was started with, `learners` its learner processes (--num_processes, all on this host: they
-  split the learner's GPUs, a contiguous share each, or take them in turn where there are fewer).
+  split the learner's GPUs, a contiguous share each, or take them in turn where there are fewer; 0 on a
+  host of a multi-host program without one, whose inference servers then take its GPUs in turn).
   ConfigError: more --learner_devices than the host has, a GPU asked for in JAX_PLATFORMS where JAX
   sees none, a negative count.
   """
   counts = {"counter": counters, "replay": replays, "learner": learners, "inference": inference_servers,
             "actor": actors, "evaluator": evaluators}
-  if learners < 1:
+  if learners < 0:
     raise ConfigError("num_processes", f"must be >= 1, got {learners}")
   for field, value in (("learner_devices", learner_devices), ("num_inference_servers", inference_servers),
                        ("num_actors", actors), ("evaluators", evaluators), ("replays", replays),
@@ -147,7 +148,9 @@ def place_roles(host: Accelerators, learner_devices: int = 0, inference_servers:
   if learner_devices > n:
     raise ConfigError("learner_devices", f"must be in [0, {n}] (0 = all): this host has {n} {host.platform} "
                                          f"devices, got {learner_devices}")
-  if learner_devices:
+  if not learners:  # a host of a multi-host program with inference servers and no learner
+    learner = ()
+  elif learner_devices:
     learner = tuple(range(learner_devices))
   elif n > inference_servers:
     learner = tuple(range(n - inference_servers))  # all but a GPU of its own for each server
@@ -156,7 +159,7 @@ def place_roles(host: Accelerators, learner_devices: int = 0, inference_servers:
   free = [d for d in range(n) if d not in learner]
   pool = free if free else list(learner)
   servers = [(pool[i % len(pool)],) for i in range(inference_servers)]
-  share = len(learner) // learners
+  share = len(learner) // learners if learners else 0
   shares = ([learner[i * share:(i + 1) * share] for i in range(learners)] if share
             else [(learner[i % len(learner)],) for i in range(learners)])
   assigned = ([("learner", i, tuple(d)) for i, d in enumerate(shares)]

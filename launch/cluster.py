@@ -6,6 +6,13 @@ hand with `sbatch`), submits it, follows the job while echoing the evaluator's
 progress, and returns the program's exit status. Ctrl-C cancels the job.
 `--launcher template` runs the same host command through `--host_command`
 (e.g. `ssh {host} {command}`) for users without Slurm.
+
+GPUs: the hosts the placement gives the learner, the inference servers or a device run's
+processes are the GPU hosts (`gpu_requests`). Slurm is asked for GPUs only on hosts whose node
+has GPUs in its Gres (`scontrol show node`; a cluster without them is asked for none): the job is
+then a heterogeneous one, the GPU hosts' component with `--gres=gpu:N`. The template launcher
+fills `{gpus}` in --host_command with the GPUs a host's nodes take (0 on the others), e.g.
+`srun -w {host} --gres=gpu:{gpus} {command}`; a template without it is unchanged.
 """
 
 import glob
@@ -77,22 +84,90 @@ def slurm_addresses(names) -> Dict[str, str]:
   return addresses
 
 
-def sbatch_script(run_dir: str, hosts: Tuple[Host, ...], job_name: str) -> str:
+# The roles that run on GPUs (jrl.accelerators.ACCELERATOR_ROLES and a device run's processes).
+GPU_GROUPS = ("learner", "inference", "device")
+
+
+def slurm_gres_gpus(gres: str) -> int:
+  """The GPUs in a Slurm node's Gres field ('gpu:4', 'gpu:a100:2(S:0-1),shard:8', '(null)' -> 0)."""
+  total = 0
+  for item in gres.split(","):
+    parts = item.split("(")[0].split(":")
+    if parts[0] == "gpu" and len(parts) > 1 and parts[-1].isdigit():
+      total += int(parts[-1])
+  return total
+
+
+def slurm_gpus(names) -> Dict[str, int]:
+  """GPUs of each Slurm node (its Gres, `scontrol show node`); 0 where Slurm does not say."""
+  gpus = {}
+  for name in names:
+    out = subprocess.run(["scontrol", "show", "node", name], capture_output=True, text=True)
+    fields = dict(part.split("=", 1) for part in out.stdout.split() if "=" in part)
+    gpus[name] = slurm_gres_gpus(fields.get("Gres", "")) if out.returncode == 0 else 0
+  return gpus
+
+
+def gpu_requests(exp, placement: Placement, host_gpus: Optional[Dict[str, int]] = None,
+                 jax_platforms: Optional[str] = None) -> Dict[str, int]:
+  """host -> the GPUs its nodes take: each learner or device process --learner_devices of them (at least
+  one), each inference server one; 0 on hosts with none of these. `host_gpus` (Slurm: the nodes' Gres)
+  caps it: a host with none is asked for none (a CPU cluster), --learner_devices 0 takes all of a
+  host's, and more --learner_devices than a host has is a ConfigError. JAX_PLATFORMS=cpu (default: the
+  launcher's environment): none anywhere."""
+  platforms = os.environ.get("JAX_PLATFORMS", "") if jax_platforms is None else jax_platforms
+  if platforms.split(",")[0].strip().lower() == "cpu":
+    return {h.name: 0 for h in placement.hosts}
+  counts = {"device": exp.num_processes} if exp.backend == "device" else group_counts(exp)
+  requests = {}
+  for host in placement.hosts:
+    on_host = placement.nodes_on(host.name, counts)
+    learners = sum(group in ("learner", "device") for group, _ in on_host)
+    servers = sum(group == "inference" for group, _ in on_host)
+    if host_gpus is None:
+      requests[host.name] = learners * max(1, exp.learner_devices) + servers
+      continue
+    have = host_gpus.get(host.name, 0)
+    if not have or not (learners or servers):
+      requests[host.name] = 0
+      continue
+    if learners * exp.learner_devices > have:
+      raise ConfigError("learner_devices", f"host {host.name} has {have} GPUs (Slurm's Gres) for {learners} learner "
+                                           f"process(es) of {exp.learner_devices} devices each")
+    requests[host.name] = have if learners and not exp.learner_devices else min(
+        have, learners * exp.learner_devices + servers)
+  return requests
+
+
+def sbatch_lines(run_dir: str, hosts: Tuple[Host, ...], job_name: str, cwd: str,
+                 gpus: Optional[Dict[str, int]] = None) -> List[str]:
+  """The job script's lines. Without GPUs: one job over the hosts, a step per host. With GPUs on some
+  hosts (`gpus`: host -> GPUs): a heterogeneous job, one component per GPU count (--gres=gpu:N where N >
+  0), each host's step in its component (srun --het-group) with its GPUs."""
   folder = multihost.launch_dir(run_dir)
-  lines = [
-      "#!/bin/bash",
-      f"#SBATCH --job-name={job_name}",
-      f"#SBATCH --nodes={len(hosts)}",
-      f"#SBATCH --nodelist={','.join(h.name for h in hosts)}",
-      "#SBATCH --ntasks-per-node=1",
-      f"#SBATCH --output={os.path.join(folder, 'slurm-%j.out')}",
-      f"# jrl program of {run_dir}: one step per host, each running that host's nodes.",
-      f"cd {shlex.quote(os.getcwd())}",
-      "pids=()",
-  ]
+  gpus = {h.name: (gpus or {}).get(h.name, 0) for h in hosts}
+  components: Dict[int, List[Host]] = {}
+  for host in hosts:
+    components.setdefault(gpus[host.name], []).append(host)
+  heterogeneous = any(gpus.values())
+  lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name}"]
+  for i, (count, members) in enumerate(components.items()):
+    if i:
+      lines.append("#SBATCH hetjob")
+    lines += [f"#SBATCH --nodes={len(members)}", f"#SBATCH --nodelist={','.join(h.name for h in members)}",
+              "#SBATCH --ntasks-per-node=1"]
+    if count:
+      lines.append(f"#SBATCH --gres=gpu:{count}")
+    if not i:
+      lines.append(f"#SBATCH --output={os.path.join(folder, 'slurm-%j.out')}")
+  lines += [f"# jrl program of {run_dir}: one step per host, each running that host's nodes.",
+            f"cd {shlex.quote(cwd)}", "pids=()"]
+  component_of = {h.name: i for i, members in enumerate(components.values()) for h in members}
   for host in hosts:
     command = " ".join(shlex.quote(p) for p in host_agent_command(run_dir, host.name))
-    lines.append(f"srun --exclusive -N1 -n1 -w {host.name} {command} &")
+    group = f"--het-group={component_of[host.name]} " if heterogeneous else ""
+    gres = f"--gres=gpu:{gpus[host.name]} " if gpus[host.name] else ""
+    lines.append(f"srun {group}--exclusive -N1 -n1 -w {host.name} {gres}{command} &")
     lines.append("pids+=($!)")
   lines += [
       "status=0",
@@ -100,9 +175,14 @@ def sbatch_script(run_dir: str, hosts: Tuple[Host, ...], job_name: str) -> str:
       f"echo $status > {shlex.quote(os.path.join(folder, EXIT_STATUS_FILE))}",
       "exit $status",
   ]
-  path = os.path.join(folder, "job.sbatch")
+  return lines
+
+
+def sbatch_script(run_dir: str, hosts: Tuple[Host, ...], job_name: str, gpus: Optional[Dict[str, int]] = None) -> str:
+  """Writes `sbatch_lines` to RUN_DIR/launch/job.sbatch; returns its path."""
+  path = os.path.join(multihost.launch_dir(run_dir), "job.sbatch")
   with open(path, "w") as f:
-    f.write("\n".join(lines) + "\n")
+    f.write("\n".join(sbatch_lines(run_dir, hosts, job_name, os.getcwd(), gpus)) + "\n")
   return path
 
 
@@ -145,8 +225,9 @@ class _StuckWatch:
     return ""
 
 
-def run_slurm(run_dir: str, hosts: Tuple[Host, ...], job_name: str, watch: liveness.HostWatch) -> int:
-  script = sbatch_script(run_dir, hosts, job_name)
+def run_slurm(run_dir: str, hosts: Tuple[Host, ...], job_name: str, watch: liveness.HostWatch,
+              gpus: Optional[Dict[str, int]] = None) -> int:
+  script = sbatch_script(run_dir, hosts, job_name, gpus)
   try:
     out = subprocess.run(["sbatch", "--parsable", script], capture_output=True, text=True)
   except FileNotFoundError:
@@ -198,11 +279,18 @@ def run_slurm(run_dir: str, hosts: Tuple[Host, ...], job_name: str, watch: liven
     return int(f.read().strip() or 1)
 
 
-def run_template(run_dir: str, hosts: Tuple[Host, ...], template: str, watch: liveness.HostWatch) -> int:
+def template_line(template: str, run_dir: str, host: Host, gpus: int = 0) -> str:
+  """--host_command for one host: {host}, {address}, {command} (its host agent) and {gpus} (the GPUs its
+  nodes take, `gpu_requests`) filled in."""
+  command = " ".join(shlex.quote(p) for p in host_agent_command(run_dir, host.name))
+  return template.format(host=host.name, address=host.address, command=command, gpus=gpus)
+
+
+def run_template(run_dir: str, hosts: Tuple[Host, ...], template: str, watch: liveness.HostWatch,
+                 gpus: Optional[Dict[str, int]] = None) -> int:
   procs = []
   for host in hosts:
-    command = " ".join(shlex.quote(p) for p in host_agent_command(run_dir, host.name))
-    line = template.format(host=host.name, address=host.address, command=command)
+    line = template_line(template, run_dir, host, (gpus or {}).get(host.name, 0))
     log = open(os.path.join(multihost.launch_dir(run_dir), f"host-{host.name}.out"), "w")
     procs.append((subprocess.Popen(line, shell=True, stdout=log, stderr=subprocess.STDOUT, start_new_session=True),
                   log))
@@ -306,23 +394,38 @@ def resume_hint(exp, placement: Placement, run_dir: str):
   return hint
 
 
+def host_gpu_requests(exp, placement: Placement) -> Dict[str, int]:
+  """`gpu_requests` for this launch: Slurm's nodes' Gres caps it; the template launcher's {gpus}."""
+  host_gpus = slurm_gpus([h.name for h in placement.hosts]) if exp.launcher == "slurm" else None
+  return gpu_requests(exp, placement, host_gpus)
+
+
 def launch_on_hosts(exp, program, run_dir: str, placement: Placement, restart) -> Dict[str, Any]:
   """Runs the placed program until it ends; RuntimeError with the failure report if it failed.
-  Returns the hosts lost during the run that it could do without (liveness.read_lost's form)."""
-  plan = multihost.build_plan(program, placement, run_dir, restart)
-  return run_plan(exp, plan, run_dir, placement, resume_hint(exp, placement, run_dir))
+  Returns the hosts lost during the run that it could do without (liveness.read_lost's form).
+  The hosts given GPUs (`host_gpu_requests`; Slurm: only nodes that have them) start each node with
+  its role's devices (multihost.build_plan)."""
+  gpus = host_gpu_requests(exp, placement)
+  # The nodes' devices follow the GPUs asked for: Slurm's, or a template's that passes {gpus} on (one
+  # without it gets none, and its hosts' nodes start as before).
+  placed = gpus if exp.launcher == "slurm" or "{gpus}" in exp.host_command else {}
+  plan = multihost.build_plan(program, placement, run_dir, restart, placed, exp.learner_devices)
+  return run_plan(exp, plan, run_dir, placement, resume_hint(exp, placement, run_dir), gpus)
 
 
-def run_plan(exp, plan: Dict[str, Any], run_dir: str, placement: Placement, hint) -> Dict[str, Any]:
+def run_plan(exp, plan: Dict[str, Any], run_dir: str, placement: Placement, hint,
+             gpus: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
   """Runs a written plan's host agents (`exp.launcher`: Slurm or the template) until they end,
-  watching their heartbeats; `hint(lost hosts)` ends a lost host's report. RuntimeError with the
+  watching their heartbeats; `hint(lost hosts)` ends a lost host's report. `gpus` (host -> GPUs;
+  default `host_gpu_requests`): what Slurm is asked for, the template's {gpus}. RuntimeError with the
   failure report if the run failed; returns the hosts lost that it could do without."""
   job_name = f"jrl-{exp.agent}-{exp.env}-s{exp.seed}"
+  gpus = host_gpu_requests(exp, placement) if gpus is None else gpus
   watch = liveness.HostWatch(run_dir, plan, exp.host_deadline_seconds, hint, log=lambda line: print(line, flush=True))
   if exp.launcher == "slurm":
-    status = run_slurm(run_dir, placement.hosts, job_name, watch)
+    status = run_slurm(run_dir, placement.hosts, job_name, watch, gpus)
   else:
-    status = run_template(run_dir, placement.hosts, exp.host_command, watch)
+    status = run_template(run_dir, placement.hosts, exp.host_command, watch, gpus)
   finished = os.path.exists(os.path.join(run_dir, SUMMARY_FILE))
   if status != 0 and finished:
     watch.settle()  # a host killed shortly before the end: its silence had not reached the deadline

@@ -45,7 +45,8 @@ def main(argv) -> int:
   if host not in plan["hosts"]:
     print(f"launch.host: host '{host}' is not in the plan ({', '.join(plan['hosts'])})", file=sys.stderr)
     return 2
-  commands = multihost.host_commands(plan, host)
+  # A node's GPUs are numbered within those this agent was given (a Slurm step's CUDA_VISIBLE_DEVICES).
+  commands = multihost.host_commands(plan, host, os.environ.get("CUDA_VISIBLE_DEVICES", ""))
   env = {**loopback.node_env(plan["hosts"][host]["address"]), "JRL_HOST": host}
   restart = plan["restart"]
   policy = supervisor.RestartPolicy(tuple(restart["groups"]), restart["max_restarts"], restart["backoff_seconds"])

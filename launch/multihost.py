@@ -20,12 +20,13 @@ import os
 import random
 import shutil
 import sys
-from typing import Any, Dict, List, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import portpicker
 from launchpad import address as lp_address
 from launchpad import context as lp_context
 
+from jrl import accelerators
 from jrl.experiment.files import write_json
 from launch.placement import Placement
 
@@ -115,8 +116,42 @@ def pick_port() -> int:
   raise RuntimeError(f"no free port in [{PORTS_FROM}, {below}) after 1,000 tries")
 
 
-def build_plan(program, placement: Placement, run_dir: str, restart: Dict[str, Any]) -> Dict[str, Any]:
-  """Binds addresses, writes the node commands and returns the plan (also written to plan.json)."""
+def node_devices(placement: Placement, counts: Dict[str, int], gpus: Dict[str, int],
+                 learner_devices: int = 0) -> Dict[Tuple[str, int], Dict[str, str]]:
+  """(group, index) -> what to add to that node's environment: on a host given GPUs (`gpus`: host ->
+  count, launch.cluster.gpu_requests), jrl.accelerators.place_roles over that host's nodes (the learner
+  and servers on its GPUs, the others confined to the CPU); nothing on the other hosts."""
+  envs: Dict[Tuple[str, int], Dict[str, str]] = {}
+  for host in placement.hosts:
+    if not gpus.get(host.name):
+      continue
+    on_host = placement.nodes_on(host.name, counts)
+    local = {role: [i for g, i in on_host if g == role] for role in accelerators.ROLES}
+    roles = accelerators.place_roles(
+        accelerators.Accelerators("cuda", gpus[host.name]), min(learner_devices, gpus[host.name]),
+        len(local["inference"]), len(local["actor"]), len(local["evaluator"]), len(local["replay"]),
+        len(local["counter"]), len(local["learner"]))
+    for role, indices in local.items():
+      for process, index in zip(roles[role], indices):
+        envs[(role, index)] = dict(process.env)
+  return envs
+
+
+def visible_through(env: Dict[str, str], visible: str) -> Dict[str, str]:
+  """A node's environment with its CUDA_VISIBLE_DEVICES indices read through the host agent's own
+  `visible` list: Slurm gives a step GPUs by their host numbers ('2,3'), and a node's device 0 is then
+  GPU 2 ('' or no list: the node's indices are the host's)."""
+  granted = [d for d in visible.split(",") if d.strip()]
+  mine = env.get("CUDA_VISIBLE_DEVICES")
+  if not granted or not mine:
+    return env
+  return {**env, "CUDA_VISIBLE_DEVICES": ",".join(granted[int(d)] for d in mine.split(","))}
+
+
+def build_plan(program, placement: Placement, run_dir: str, restart: Dict[str, Any],
+               gpus: Optional[Dict[str, int]] = None, learner_devices: int = 0) -> Dict[str, Any]:
+  """Binds addresses, writes the node commands and returns the plan (also written to plan.json).
+  `gpus` (host -> GPUs given to it) adds each node's devices to its environment (`node_devices`)."""
   folder = launch_dir(run_dir)
   os.makedirs(folder, exist_ok=True)
   clear_launch_state(run_dir)
@@ -136,6 +171,8 @@ def build_plan(program, placement: Placement, run_dir: str, restart: Dict[str, A
         address.bind(FixedAddress(f"{host.address}:{pick_port()}"))
 
   hosts: Dict[str, Dict[str, Any]] = {h.name: {"address": h.address, "nodes": []} for h in placement.hosts}
+  devices = node_devices(placement, {label: len(nodes) for label, nodes in program.groups.items()}, gpus or {},
+                         learner_devices)
   for label, nodes in program.groups.items():
     commands = nodes[0].to_executables(nodes, label, nodes[0].launch_context)
     for index, command in enumerate(commands):
@@ -146,7 +183,8 @@ def build_plan(program, placement: Placement, run_dir: str, restart: Dict[str, A
         shutil.copyfile(args[data], shared)
       args[data] = shared
       hosts[placement.host_of(label, index).name]["nodes"].append(
-          {"title": f"{label}/{index}", "command": args, "env": dict(command.env_overrides)})
+          {"title": f"{label}/{index}", "command": args,
+           "env": {**command.env_overrides, **devices.get((label, index), {})}})
   return write_plan(run_dir, hosts, restart)
 
 
@@ -171,5 +209,7 @@ def read_plan(run_dir: str) -> Dict[str, Any]:
     return json.load(f)
 
 
-def host_commands(plan: Dict[str, Any], host: str) -> List[PlannedCommand]:
-  return [PlannedCommand(n["title"], n["command"], n["env"]) for n in plan["hosts"][host]["nodes"]]
+def host_commands(plan: Dict[str, Any], host: str, visible: str = "") -> List[PlannedCommand]:
+  """The nodes `host` runs; `visible`: the host agent's own CUDA_VISIBLE_DEVICES (`visible_through`)."""
+  return [PlannedCommand(n["title"], n["command"], visible_through(n["env"], visible))
+          for n in plan["hosts"][host]["nodes"]]
