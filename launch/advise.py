@@ -269,6 +269,38 @@ def recommendation(t: Topology) -> str:
   return f"recommended: {where}, num_envs {t.num_envs}, updates_per_call {t.updates_per_call}"
 
 
+def accelerator_advice(host, topo: Topology) -> List[str]:
+  """What the host's accelerators (`host`: jrl.accelerators.Accelerators) change in the recommendation of
+  `topo`, as lines to print: the figures above are the CPU's; on a GPU host a distributed run's learner
+  and inference servers go on the GPUs (jrl.accelerators.place_roles), where a server batches every
+  actor's observations in one call, which no CPU measurement prices."""
+  from jrl import accelerators
+  if host.platform == "cpu":
+    return ["accelerators: none, the CPU only. Inference stays in the actors (--inference actor): on CPU a "
+            "central server reached only 0.53-0.68 of actor-local inference's env-steps/s in jrl's measurements "
+            "(docs/performance.md); it pays off here only where the model above says so (cores short, policy "
+            "costly)."]
+  roles = accelerators.describe(accelerators.place_roles(host, 0, 1, max(1, topo.num_actors)))
+  plural = "s" if host.count > 1 else ""
+  learner, server = roles["learner"][0], roles["inference"][0]
+  where = (f"the learner and an inference server on {learner}, sharing its memory" if learner == server else
+           f"the learner on {learner} and an inference server on {server}")
+  lines = [f"accelerators: {host.count} {host.platform} device{plural}. A distributed run puts {where} (actors, "
+           "replay and the evaluator on the CPU; jrl.accelerators), where the server batches every actor's "
+           "observations in one call: the SEED-style placement the figures above (measured on the CPU, where it lost "
+           "to actor-local inference, 0.53-0.68) do not price."]
+  if topo.placement == "embedded":
+    lines.append("An embedded run keeps the learner on the accelerator and acts on the CPU or the accelerator by "
+                 "the policy's size (--actor_device auto).")
+  elif topo.placement == "actor":
+    lines.append(f"With a costly policy (a CNN on frames) try --inference server beside the recommendation: "
+                 f"the server's batch of {topo.num_actors} x {topo.num_envs} observations runs on the GPU.")
+  if host.count > 1:
+    lines.append(f"With {host.count} devices each further inference server gets one of its own "
+                 "(--num_inference_servers; the learner keeps the rest, or --learner_devices of them).")
+  return lines
+
+
 def describe(p: Prediction) -> str:
   t = p.topology
   where = "embedded" if t.placement == "embedded" else f"{t.num_actors} actor(s), inference {t.placement}"
@@ -628,6 +660,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   print(f"predicted: {best.env_steps_per_second:,.0f} env-steps/s ({best.bound}-bound; limits: "
         + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(best.limits.items(), key=lambda kv: kv[1])) + ")")
   print(f"run it:    {command(args.agent, args.env, t, bool(work.sequence_length), deterministic=not costs.prefetch)}")
+  from jrl.accelerators import host_accelerators
+  print("\n" + "\n".join(accelerator_advice(host_accelerators(), t)))
   return 0
 
 

@@ -29,8 +29,9 @@ def test_a_cpu_host_acts_on_the_cpu_and_refuses_the_accelerator():
   assert actor_device("auto", "cpu", None) == "cpu"
   assert actor_device("auto", "cpu", 1e12) == "cpu"  # however big the policy: there is nothing else
   assert actor_device("cpu", "cpu") == "cpu"
-  with pytest.raises(ConfigError, match=r"^actor_device: asks for the accelerator, but JAX sees only the CPU in this "
-                                        r"process \(no GPU, or its JAX plugin is not installed: make setup ACCEL=cuda12\)$"):
+  with pytest.raises(ConfigError, match=r"^actor_device: asks for the accelerator, but JAX sees only the CPU in "
+                                        r"this process \(no GPU, or its JAX plugin is not installed: "
+                                        r"make setup ACCEL=cuda12\)$"):
     actor_device("accelerator", "cpu")
   with pytest.raises(ConfigError, match="^actor_device: must be one of auto, cpu, accelerator, got 'gpu'$"):
     actor_device("gpu", "cpu")
@@ -153,8 +154,9 @@ def _train(tmp_path, *flags):
 
 @pytest.mark.parametrize("flags, line", [
     (["--actor_device", "gpu"], "actor_device: must be 'auto', 'cpu' or 'accelerator', got 'gpu'"),
-    (["--actor_device", "accelerator"], "actor_device: asks for the accelerator, but JAX sees only the CPU in this "
-                                        "process (no GPU, or its JAX plugin is not installed: make setup ACCEL=cuda12)"),
+    (["--actor_device", "accelerator"], "actor_device: asks for the accelerator, but JAX sees only the CPU in "
+                                        "this process (no GPU, or its JAX plugin is not installed: make setup "
+                                        "ACCEL=cuda12)"),
 ])
 def test_bad_actor_device_is_one_line_and_writes_nothing(tmp_path, flags, line):
   result, run_dir = _train(tmp_path, *flags)

@@ -178,3 +178,29 @@ def test_advise_as_typed_prints_no_native_log_lines():
       r"recommended: (embedded \(one process: no actors to count, the policy runs in it\)|"
       r"distributed, num_actors \d+, inference (actor|server)), num_envs \d+, updates_per_call \d+", recommended[0])
   assert "replay process:" in result.stdout  # the distributed figures were measured: Reverb ran in two processes
+
+
+def test_the_advice_counts_the_hosts_accelerators():
+  from jrl.accelerators import Accelerators
+  embedded, actor = advise.Topology("embedded", 1, 8, 4), advise.Topology("actor", 4, 8, 4)
+  cpu = advise.accelerator_advice(Accelerators(), actor)
+  assert cpu == advise.accelerator_advice(Accelerators(), embedded) == [
+      "accelerators: none, the CPU only. Inference stays in the actors (--inference actor): on CPU a central server "
+      "reached only 0.53-0.68 of actor-local inference's env-steps/s in jrl's measurements (docs/performance.md); it "
+      "pays off here only where the model above says so (cores short, policy costly)."]
+  one = advise.accelerator_advice(Accelerators("cuda", 1), actor)
+  assert one == [
+      "accelerators: 1 cuda device. A distributed run puts the learner and an inference server on cuda:0, sharing "
+      "its memory (actors, replay and the evaluator on the CPU; jrl.accelerators), where the server batches every "
+      "actor's observations in one call: the SEED-style placement the figures above (measured on the CPU, where it "
+      "lost to actor-local inference, 0.53-0.68) do not price.",
+      "With a costly policy (a CNN on frames) try --inference server beside the recommendation: the server's batch "
+      "of 4 x 8 observations runs on the GPU."]
+  eight = advise.accelerator_advice(Accelerators("cuda", 8), embedded)
+  assert eight[0].startswith("accelerators: 8 cuda devices. A distributed run puts the learner on cuda:0,1,2,3,4,5,6 "
+                             "and an inference server on cuda:7 (actors")
+  assert eight[1:] == [
+      "An embedded run keeps the learner on the accelerator and acts on the CPU or the accelerator by the policy's "
+      "size (--actor_device auto).",
+      "With 8 devices each further inference server gets one of its own (--num_inference_servers; the learner keeps "
+      "the rest, or --learner_devices of them)."]
