@@ -6,6 +6,7 @@ import difflib
 import fractions
 import functools
 import sys
+import textwrap
 import typing
 from typing import Any, Dict, NoReturn, Optional, Sequence, Tuple, Type
 
@@ -88,35 +89,43 @@ def _source_lines(cls: Type) -> Tuple[str, ...]:
 
 def _field_doc(cls: Type, name: str) -> str:
   """The trailing `# comment` of a dataclass field, with the comment-only lines that continue it,
-  used as its help text."""
-  lines = _source_lines(cls)
-  for i, line in enumerate(lines):
-    stripped = line.strip()
-    if stripped.startswith(f"{name}:") and "#" in stripped:
-      column = line.index("#")
-      parts = [stripped.split("#", 1)[1].strip()]
-      for following in lines[i + 1:]:
-        if not following.strip().startswith("#") or following.index("#") != column:
-          break
-        parts.append(following.strip()[1:].strip())
-      return " ".join(parts)
+  used as its help text; read where the field is declared (a base class of `cls`: the experiment
+  config's fields are declared by its groups' dataclasses)."""
+  for klass in getattr(cls, "__mro__", (cls,)):
+    if name not in vars(klass).get("__annotations__", {}):
+      continue
+    lines = _source_lines(klass)
+    for i, line in enumerate(lines):
+      stripped = line.strip()
+      if stripped.startswith(f"{name}:") and "#" in stripped:
+        column = line.index("#")
+        parts = [stripped.split("#", 1)[1].strip()]
+        for following in lines[i + 1:]:
+          if not following.strip().startswith("#") or following.index("#") != column:
+            break
+          parts.append(following.strip()[1:].strip())
+        return " ".join(parts)
   return ""
 
 
-def add_grouped_flags(parser: argparse.ArgumentParser, cls: Type, groups, title_prefix: str = "") -> None:
+def add_grouped_flags(parser: argparse.ArgumentParser, cls: Type, groups, title_prefix: str = "",
+                      notes: Optional[Dict[str, str]] = None) -> None:
   """One flag per field of `cls`, under one `--help` heading per group: `groups` is a sequence of
-  (name, description, field names) that together name every field once."""
+  (name, description, field names) that together name every field once; `notes` (by group name)
+  is a line printed under a heading."""
   named = [name for _, _, names in groups for name in names]
   every = [f.name for f in dataclasses.fields(cls)]
   if sorted(named) != sorted(every):
     raise ValueError(f"{cls.__name__} groups miss or repeat fields: {sorted(set(every) ^ set(named))}")
   for name, description, names in groups:
-    add_dataclass_flags(parser, cls, f"{title_prefix}{name}: {description}", only=names)
+    note = (notes or {}).get(name)
+    add_dataclass_flags(parser, cls, f"{title_prefix}{name}: {description}", only=names,
+                        description=textwrap.fill(note, width=76) if note else None)
 
 
 def add_dataclass_flags(parser: argparse.ArgumentParser, cls: Type, title: str, skip: Sequence[str] = (),
-                        only: Optional[Sequence[str]] = None) -> None:
-  group = parser.add_argument_group(title)
+                        only: Optional[Sequence[str]] = None, description: Optional[str] = None) -> None:
+  group = parser.add_argument_group(title, description)
   hints = typing.get_type_hints(cls)
   for field in dataclasses.fields(cls):
     if field.name in skip or (only is not None and field.name not in only):

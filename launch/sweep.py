@@ -101,7 +101,7 @@ def parse_args(argv: Sequence[str]):
     if os.path.isfile(os.path.join(args.run_dir, "config.json")):
       raise ConfigError("run_dir", f"'{args.run_dir}' is a run, not a sweep folder")
     exp, agent_cfg = check_train_flags(args.agent, args.env, args.seed_list[0], train_argv)
-    args.vmapped = exp.backend == "device" and not args.one_by_one
+    args.vmapped = exp.mode == "device" and not args.one_by_one
     if args.vmapped and args.parallel != 1:
       raise ConfigError("parallel", "--backend device runs every seed in one vmapped program; "
                                     "add --one_by_one to run them as processes")
@@ -152,7 +152,7 @@ def check_train_flags(agent_name: str, env: str, seed: int, train_argv: Sequence
   exp = build_config(ExperimentConfig, args)
   agent_cfg = build_config(agent.Config, args)
   exp.check_given_flags(given_fields(ExperimentConfig, args))
-  if exp.backend == "host":  # device runs check their gymnax env id themselves
+  if exp.mode != "device":  # device runs check their gymnax env id themselves
     from jrl.envs import check_env_id
     check_env_id(exp.env)
   return exp, agent_cfg

@@ -35,7 +35,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   from jrl import compat
   from jrl.agents import get_agent
   from jrl.errors import ConfigError
-  from jrl.experiment.config import ExperimentConfig
+  from jrl.experiment.config import DEVICE, DEVICE_HOSTS, DISTRIBUTED, ExperimentConfig
   from jrl.experiment import resume
   from jrl.experiment.checkpoint import RunWritesFailed
   from jrl.experiment.files import resolve_paths
@@ -83,7 +83,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     exp.check_given_flags(given_fields(ExperimentConfig, args))
     _inject_faults(args, exp)
     exp = resolve_paths(exp)  # relative folders against the working directory, once
-    if exp.backend == "device" and exp.launcher != "local" and not exp.coordinator_address:
+    if exp.scope == DEVICE_HOSTS and not exp.coordinator_address:
       from launch.device_hosts import run_device_on_hosts  # the launcher of its processes
       try:
         summary = run_device_on_hosts(exp, agent_cfg)
@@ -97,7 +97,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             + (f"{digests[0][:16]} (every process)" if len(set(digests)) == 1 else f"differs: {', '.join(digests)}")
             + f" | {summary['run_dir']}", flush=True)
       return 0 if len(set(digests)) == 1 else 1
-    if exp.backend == "device":
+    if exp.mode == DEVICE:
       from jrl.device.runner import run_device  # gymnax envs; checks the env id itself
       run_device(exp, agent_cfg)
       return 0
@@ -105,7 +105,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     dispatch_synchronously()  # before the first array: see its docstring
     from jrl.envs import check_env_id
     check_env_id(exp.env)
-    if exp.distributed:
+    if exp.mode == DISTRIBUTED:
       compat.check_distributed_stack("distributed", "--distributed")
       from launch.distributed import run_distributed
       try:
@@ -131,7 +131,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   except ConfigError as e:
     fail(PROG, e)
   except RunWritesFailed as e:  # the run's summary and report are written; some checkpoint is not
-    _finished_embedded_run = not exp.distributed
+    _finished_embedded_run = exp.mode != DISTRIBUTED
     print(f"{PROG}: error: {e}", file=sys.stderr)
     return 1
   except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: RunInterrupted after the run's checkpoint
@@ -147,10 +147,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _inject_faults(args, exp) -> None:
   """--crash_* flags -> launch/faults.py's environment variable, which the program's nodes read."""
   from jrl.errors import ConfigError
+  from jrl.experiment.config import DISTRIBUTED
   given = {flag: getattr(args, flag) for flag in FAULT_FLAGS if getattr(args, flag) is not None}
   if not given:
     return
-  if not exp.distributed:
+  if exp.mode != DISTRIBUTED:
     raise ConfigError(next(iter(given)), "applies to --distributed runs only")
   faults.to_environment(faults.Faults(**{faults.FLAGS[flag]: value for flag, value in given.items()}))
 
@@ -173,9 +174,9 @@ def make_parser(agent_name: str, agent, prog: str = PROG) -> OneLineParser:
   """The run's command line: one flag per field of the experiment config and of the agent's
   config (launch.sweep checks its pass-through flags with the same parser)."""
   from jrl.agents import AGENTS
-  from jrl.experiment.config import FIELD_GROUPS, ExperimentConfig
+  from jrl.experiment.config import FIELD_GROUPS, GROUPS, ExperimentConfig
   parser = OneLineParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  add_grouped_flags(parser, ExperimentConfig, FIELD_GROUPS)
+  add_grouped_flags(parser, ExperimentConfig, FIELD_GROUPS, notes={group.name: group.used_by() for group in GROUPS})
   add_dataclass_flags(parser, agent.Config, f"agent '{agent_name}' (known agents: {', '.join(sorted(AGENTS))})")
   parser.add_argument("--verbose", action="store_true",
                       help="also show native libraries' info lines (Reverb's '[reverb/cc/...]')")

@@ -40,9 +40,15 @@ BAD_INPUTS = {
     "bad value type": (["--steps", "many"], "argument --steps: expected a whole number (e.g. 100000, 1e5, 100k, "
                                             "2M), got 'many'"),
     # Flags a mode cannot honour.
-    "deterministic distributed": (["--distributed", "--deterministic"], "deterministic: applies to runs in one process"),
-    "log_every distributed": (["--distributed", "--log_every", "5"], "log_every: applies to runs in one process"),
-    "num_actors embedded": (["--num_actors", "3"], "num_actors: applies to --distributed runs only"),
+    "deterministic distributed": (["--distributed", "--deterministic"],
+                                  "--deterministic of the 'run' settings applies to embedded, device and device over "
+                                  "hosts runs, not to a distributed run (Reverb's samplers cannot be seeded"),
+    "log_every distributed": (["--distributed", "--log_every", "5"],
+                              "--log_every of the 'run' settings applies to embedded, device and device over hosts "
+                              "runs, not to a distributed run"),
+    "num_actors embedded": (["--num_actors", "3"], "--num_actors belongs to the 'distributed' settings (the Launchpad "
+                                                   "program), which an embedded run does not use: add --distributed "
+                                                   "or drop it"),
     "fault injection embedded": (["--crash_learner_after", "5"], "crash_learner_after: applies to --distributed runs only"),
     "device distributed": (["--distributed", "--backend", "device"], "backend: 'device' is one compiled loop, not a Launchpad program"),
 }
