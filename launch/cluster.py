@@ -72,14 +72,20 @@ def host_agent_command(run_dir: str, host: str) -> List[str]:
   return [sys.executable, "-m", "launch.host", run_dir, host]
 
 
+def slurm_node(name: str) -> Tuple[Dict[str, str], str]:
+  """A Slurm node's fields from `scontrol show node` ({} when Slurm does not know it) and scontrol's message."""
+  out = subprocess.run(["scontrol", "show", "node", name], capture_output=True, text=True)
+  fields = dict(part.split("=", 1) for part in out.stdout.split() if "=" in part)
+  return (fields if out.returncode == 0 else {}), (out.stderr or out.stdout).strip()
+
+
 def slurm_addresses(names) -> Dict[str, str]:
   """NodeAddr of each Slurm node, from `scontrol show node`."""
   addresses = {}
   for name in names:
-    out = subprocess.run(["scontrol", "show", "node", name], capture_output=True, text=True)
-    fields = dict(part.split("=", 1) for part in out.stdout.split() if "=" in part)
-    if out.returncode != 0 or "NodeAddr" not in fields:
-      raise RuntimeError(f"Slurm does not know host '{name}': {(out.stderr or out.stdout).strip()}")
+    fields, message = slurm_node(name)
+    if "NodeAddr" not in fields:
+      raise RuntimeError(f"Slurm does not know host '{name}': {message}")
     addresses[name] = fields["NodeAddr"]
   return addresses
 
@@ -100,12 +106,7 @@ def slurm_gres_gpus(gres: str) -> int:
 
 def slurm_gpus(names) -> Dict[str, int]:
   """GPUs of each Slurm node (its Gres, `scontrol show node`); 0 where Slurm does not say."""
-  gpus = {}
-  for name in names:
-    out = subprocess.run(["scontrol", "show", "node", name], capture_output=True, text=True)
-    fields = dict(part.split("=", 1) for part in out.stdout.split() if "=" in part)
-    gpus[name] = slurm_gres_gpus(fields.get("Gres", "")) if out.returncode == 0 else 0
-  return gpus
+  return {name: slurm_gres_gpus(slurm_node(name)[0].get("Gres", "")) for name in names}
 
 
 def gpu_requests(exp, placement: Placement, host_gpus: Optional[Dict[str, int]] = None,
