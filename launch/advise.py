@@ -269,12 +269,18 @@ def recommendation(t: Topology) -> str:
   return f"recommended: {where}, num_envs {t.num_envs}, updates_per_call {t.updates_per_call}"
 
 
-def accelerator_advice(host, topo: Topology) -> List[str]:
+def accelerator_advice(host, topo: Topology, distributed: bool = True) -> List[str]:
   """What the host's accelerators (`host`: jrl.accelerators.Accelerators) change in the recommendation of
   `topo`, as lines to print: the figures above are the CPU's; on a GPU host a distributed run's learner
   and inference servers go on the GPUs (jrl.accelerators.place_roles), where a server batches every
-  actor's observations in one call, which no CPU measurement prices."""
+  actor's observations in one call, which no CPU measurement prices. `distributed` False: an install
+  without the distributed stack, whose runs are embedded (nothing about actors or servers)."""
   from jrl import accelerators
+  if not distributed:
+    if host.platform == "cpu":
+      return ["accelerators: none, the CPU only: the figures above are what runs get."]
+    return [f"accelerators: {host.count} {host.platform} device(s). An embedded run keeps the learner on the "
+            "accelerator and acts on the CPU or the accelerator by the policy's size (--actor_device auto)."]
   if host.platform == "cpu":
     return ["accelerators: none, the CPU only. Inference stays in the actors (--inference actor): on CPU a "
             "central server reached only 0.53-0.68 of actor-local inference's env-steps/s in jrl's measurements "
@@ -661,7 +667,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(best.limits.items(), key=lambda kv: kv[1])) + ")")
   print(f"run it:    {command(args.agent, args.env, t, bool(work.sequence_length), deterministic=not costs.prefetch)}")
   from jrl.accelerators import host_accelerators
-  print("\n" + "\n".join(accelerator_advice(host_accelerators(), t)))
+  print("\n" + "\n".join(accelerator_advice(host_accelerators(), t, distributed=not missing)))
   return 0
 
 

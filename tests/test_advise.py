@@ -133,6 +133,7 @@ def test_advise_without_reverb_measures_the_seeded_buffer_and_recommends_embedde
   out = capsys.readouterr().out
   assert "distributed topologies need the jrl[distributed] extra (Python 3.10)" in out
   assert "inference actor" not in out and "inference server" not in out and "replay process" not in out
+  assert "accelerators: none, the CPU only: the figures above are what runs get." in out
   assert len([line for line in out.splitlines() if line.startswith("  learner:")]) == 2
   run = next(line for line in out.splitlines() if line.startswith("run it:"))
   assert "--deterministic" in run and "--distributed" not in run
@@ -204,3 +205,9 @@ def test_the_advice_counts_the_hosts_accelerators():
       "size (--actor_device auto).",
       "With 8 devices each further inference server gets one of its own (--num_inference_servers; the learner keeps "
       "the rest, or --learner_devices of them)."]
+  # An install without the distributed stack runs embedded only: nothing about actors or servers.
+  assert advise.accelerator_advice(Accelerators(), embedded, distributed=False) == [
+      "accelerators: none, the CPU only: the figures above are what runs get."]
+  assert advise.accelerator_advice(Accelerators("cuda", 2), embedded, distributed=False) == [
+      "accelerators: 2 cuda device(s). An embedded run keeps the learner on the accelerator and acts on the CPU or "
+      "the accelerator by the policy's size (--actor_device auto)."]

@@ -13,6 +13,8 @@ from jrl.experiment.config import ExperimentConfig
 from launch import cluster, multihost
 from launch.placement import Host, parse_placement
 
+pytestmark = pytest.mark.needs_reverb  # launch.cluster and launch.multihost import launchpad
+
 HOSTS = (Host("node1", "10.0.0.1"), Host("node2", "10.0.0.2"), Host("node3", "10.0.0.3"))
 PLACEMENT = "replay,counter,evaluator=node1 learner,inference=node2 actor=node3"
 
