@@ -113,7 +113,7 @@ def raw_rollouts(num_envs: int, length: int = 128, repeats: int = 20) -> dict:
   """env-steps/s of gymnax CartPole: random actions, and PPO's policy network acting."""
   import jax
   from jrl.agents import ppo
-  from jrl.device.envs import GymnaxVecEnv
+  from jrl.gymnax_envs import GymnaxVecEnv
 
   env = GymnaxVecEnv("gymnax:CartPole-v1")
   cfg = ppo.Config(**device_agent_args(num_envs))

@@ -30,8 +30,7 @@ from jrl import cpu_jit, envs
 from jrl.actors.actor import Actor, LocalPolicy
 from jrl.actors.variables import VariableClient
 from jrl.agents import dqn
-from jrl.experiment import report
-from jrl.experiment import builder, runner
+from jrl.experiment import builder
 from jrl.experiment.builder import build_agent_parts, env_spec_of, example_transition, make_actor
 from jrl.experiment.config import ExperimentConfig
 from jrl.learners import sharding
@@ -39,6 +38,7 @@ from jrl.learners.learner import Learner, make_multi_update
 from jrl.replay import reverb_replay
 from jrl.replay.adders import BlockWriter, NStepTransitionAdder
 from jrl.replay.batches import items_per_call
+from jrl.timing import PhaseTimer
 
 reverb = reverb_replay.reverb
 
@@ -99,7 +99,7 @@ def bench_actor(args, cfg):
   blocks = BlockWriter(writer, cfg.block_size)
   policy = LocalPolicy(dqn.make_policy(networks, cfg),
                        VariableClient(_StaticSource(networks.init(jax.random.PRNGKey(0))), 10**9), jax.random.PRNGKey(1))
-  timer = report.PhaseTimer()
+  timer = PhaseTimer()
   actor = Actor(env, policy, adder=NStepTransitionAdder(args.num_envs, cfg.n_step, cfg.discount),
                 sink=blocks.add, timer=timer,
                 dispatch_ahead=not args.no_dispatch_ahead and cpu_jit.dispatches_asynchronously())
@@ -165,7 +165,7 @@ def bench_learner(args, cfg, updates_per_call: int):
   # The runner's own prefetch path: sample, pool and deal, place sharded on the mesh.
   exp = ExperimentConfig(env=args.env, updates_per_call=updates_per_call, prefetch=args.prefetch)
   parts = build_agent_parts("dqn", args.env, cfg)
-  prefetch_timer = report.PhaseTimer()
+  prefetch_timer = PhaseTimer()
   batches = builder.reverb_batches(address, parts, cfg, exp, cfg.batch_size, mesh, timer=prefetch_timer)
   learner = Learner(fns, jax.random.PRNGKey(0), batches, mesh=mesh)
   learner.step()

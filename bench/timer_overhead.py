@@ -21,11 +21,11 @@ from jrl import envs
 from jrl.actors.actor import Actor, LocalPolicy
 from jrl.actors.variables import VariableClient
 from jrl.agents import dqn
-from jrl.experiment import report
 from jrl.learners.learner import Learner
 from jrl.replay.adders import BlockWriter, NStepTransitionAdder
 from jrl.replay.batches import items_per_call, make_assembler
 from jrl.replay.buffer import SeededReplayBuffer
+from jrl.timing import NULL_TIMER, PhaseTimer
 
 
 def per_call_ns(timer, calls: int = 200_000) -> float:
@@ -86,13 +86,13 @@ def ab(actor, learner, fn, steps: int, rounds: int, control: bool = False):
   for r in range(rounds):
     result = {}
     for timing in ((True, False) if r % 2 == 0 else (False, True)):
-      timer = report.PhaseTimer().start() if timing and not control else report.NULL_TIMER
+      timer = PhaseTimer().start() if timing and not control else NULL_TIMER
       actor.timer = learner.timer = timer
       result[timing] = timed(fn, steps)
     walls.append(result[False][0])
     wall_ratios.append(result[True][0] / result[False][0])
     cpu_ratios.append(result[True][1] / result[False][1])
-  actor.timer = learner.timer = report.NULL_TIMER
+  actor.timer = learner.timer = NULL_TIMER
   return statistics.median(walls), statistics.median(wall_ratios), statistics.median(cpu_ratios)
 
 
@@ -106,8 +106,8 @@ def main():
   args = parser.parse_args()
   cfg = dqn.Config(min_replay_size=500)
 
-  timer_ns = per_call_ns(report.PhaseTimer().start())
-  null_ns = per_call_ns(report.NULL_TIMER)
+  timer_ns = per_call_ns(PhaseTimer().start())
+  null_ns = per_call_ns(NULL_TIMER)
   print(f"(a) one timer call: PhaseTimer {timer_ns:.0f} ns | no-op timer {null_ns:.0f} ns")
 
   actor, learner = build(args, cfg)

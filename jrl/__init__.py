@@ -14,7 +14,8 @@ Data conventions are stated once, in `jrl.types`.
 
 Each agent is also a module of this name, `jrl.<agent>` (`from jrl.dqn import Config`): the same
 module object as `jrl.agents.<agent>`, not a copy, so a class has one identity whichever way it was
-imported.
+imported. The same holds for the old names of moved modules (`MOVED_MODULES`: `jrl.policies` is
+`jrl.experiment.snapshots`): each name has one module, and one file.
 """
 
 import importlib
@@ -51,22 +52,32 @@ _NAMES: Dict[str, str] = {
     "envs": "jrl.envs", "make_vector_env": "jrl.envs", "env_spec": "jrl.envs", "final_observations": "jrl.envs",
     "EpisodeTracker": "jrl.envs", "EnvSpec": "jrl.specs",
     # Policies of finished runs, errors.
-    "policies": "jrl.policies", "load_policy": "jrl.policies", "ConfigError": "jrl.errors",
+    "policies": "jrl.policies", "load_policy": "jrl.experiment.snapshots", "ConfigError": "jrl.errors",
 }
 
 _NAMES.update(AGENTS)
 
+# Old module paths -> the module that holds their names now. Each stays importable (`import
+# jrl.policies`, `from jrl.device.envs import GymnaxVecEnv`) as the real module under its old name,
+# not as a file that re-exports it: one import path per name in the tree, the old ones for users.
+MOVED_MODULES: Dict[str, str] = {
+    "jrl.policies": "jrl.experiment.snapshots",   # policy snapshots of finished runs
+    "jrl.device.envs": "jrl.gymnax_envs",         # gymnax envs of the device backend
+    "jrl.device.replay": "jrl.replay.on_device",  # windows, ring buffer and its gather
+}
+
 __all__: List[str] = sorted(_NAMES) + ["__version__"]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` imports on demand
-  from jrl import agents, envs, networks, policies, replay, types  # noqa: F401
+  from jrl import agents, envs, networks, replay, types  # noqa: F401
   from jrl.actors.evaluator import Evaluator  # noqa: F401
   from jrl.agents import AGENTS, dqn, get_agent, impala, ppo, pqn, r2d2, sac, td3  # noqa: F401
   from jrl.envs import EpisodeTracker, env_spec, final_observations, make_vector_env  # noqa: F401
   from jrl.errors import ConfigError  # noqa: F401
   from jrl.learners.learner import Learner, make_multi_update, params_digest  # noqa: F401
   from jrl.networks import MLP, QNetwork  # noqa: F401
-  from jrl.policies import load_policy  # noqa: F401
+  from jrl.experiment import snapshots as policies  # noqa: F401
+  from jrl.experiment.snapshots import load_policy  # noqa: F401
   from jrl.replay.kinds import ItemKind, ReplayedSequences, TrajectoryQueue, Transitions  # noqa: F401
   from jrl.replay.local import LocalReplay, calls_due  # noqa: F401
   from jrl.replay.spec import ReplaySpec  # noqa: F401
@@ -75,29 +86,41 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
                          Trajectory, Transition)
 
 
-class _AgentAliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class _ModuleAliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
   """`import jrl.dqn` (and `jrl.dqn.<submodule>`) loads `jrl.agents.dqn` and binds that module to
-  the short name, for every agent of jrl.registry.
+  the short name, for every agent of jrl.registry; `import jrl.policies` (any old path of
+  `MOVED_MODULES`) binds the module it moved to.
 
   Attribute access (`jrl.dqn`) goes through `__getattr__` below, but the import statement looks
   names up in `sys.modules` and the finders, never in a package's attributes: without this finder
   `from jrl.dqn import Config` in a user's module fails with ModuleNotFoundError. A finder rather
   than an eager `sys.modules` entry keeps `import jrl` light (the agent, and JAX, load on first use);
   aliasing rather than a forwarding file keeps one module object per agent. It answers only for
-  `jrl.<agent>` names and sits first on `sys.meta_path`, so the path finder never loads a second copy
-  of a submodule from `jrl.dqn.__path__`.
+  `jrl.<agent>` names and the old paths, and sits first on `sys.meta_path`, so the path finder never
+  loads a second copy of a submodule from `jrl.dqn.__path__`.
   """
+
+  @staticmethod
+  def target(fullname: str) -> Optional[str]:
+    """The real module behind the alias `fullname`, or None when it is no alias."""
+    if fullname in MOVED_MODULES:
+      return MOVED_MODULES[fullname]
+    parts = fullname.split(".")
+    if len(parts) < 2 or parts[0] != __name__ or parts[1] not in AGENTS:
+      return None
+    return f"{__name__}.agents.{fullname.split('.', 1)[1]}"
 
   def find_spec(self, fullname: str, path: Optional[Sequence[str]] = None,
                 target: Optional[ModuleType] = None) -> Optional[importlib.machinery.ModuleSpec]:
     del path, target
-    parts = fullname.split(".")
-    if len(parts) < 2 or parts[0] != __name__ or parts[1] not in AGENTS:
+    real = self.target(fullname)
+    if real is None:
       return None
-    return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+    # A moved module is a plain module (no `__path__` may be added to it); an agent is a package.
+    return importlib.machinery.ModuleSpec(fullname, self, is_package=fullname not in MOVED_MODULES)
 
   def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-    real = importlib.import_module(f"{__name__}.agents.{spec.name.split('.', 1)[1]}")
+    real = importlib.import_module(self.target(spec.name))
     spec.loader_state = real.__spec__
     return real
 
@@ -107,8 +130,8 @@ class _AgentAliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     module.__spec__ = module.__spec__.loader_state
 
 
-if not any(isinstance(finder, _AgentAliases) for finder in sys.meta_path):
-  sys.meta_path.insert(0, _AgentAliases())
+if not any(isinstance(finder, _ModuleAliases) for finder in sys.meta_path):
+  sys.meta_path.insert(0, _ModuleAliases())
 
 
 def __getattr__(name: str) -> Any:

@@ -88,7 +88,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   import numpy as np
   from jrl.actors.evaluator import Evaluator
   from jrl.errors import ConfigError
-  from jrl.policies import load_snapshot
+  from jrl.experiment.snapshots import load_snapshot
 
   try:
     if args.episodes is not None and args.episodes <= 0:

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from jrl.agents import dqn, ppo
-from jrl.device import replay as device_replay
 from jrl.experiment.config import ExperimentConfig
 from jrl.learners import sharding
+from jrl.replay import on_device as device_replay
 from jrl.replay.adders import NStepTransitionAdder
 from jrl.types import Transition
 
@@ -162,8 +162,8 @@ def test_an_env_of_your_own_runs_in_the_loop_and_is_learned(tmp_path):
   DQN on the device backend, where always moving one way is not; its threshold is the env's own,
   and the run's policy reloads through the library API."""
   import jrl
-  from jrl.device.envs import GymnaxVecEnv, reward_threshold
   from jrl.device.runner import run_device
+  from jrl.gymnax_envs import GymnaxVecEnv, reward_threshold
   env_id = "gymnax:examples.jax_envs:corridor"
   env = GymnaxVecEnv(env_id)
   assert env.spec.observation_shape == (2,) and env.spec.num_actions == 2 and env.max_episode_steps == 50
@@ -196,9 +196,9 @@ def test_r2d2_learns_gymnax_cartpole_in_the_loop(tmp_path):
   """R2D2 on the device backend: overlapping sequences with their start core states in a
   prioritized on-device ring, learner calls counted in sequences as the host runner counts them."""
   from jrl.agents import r2d2
-  from jrl.device.replay import sequences_written
   from jrl.device.runner import run_device
   from jrl.replay.local import calls_due
+  from jrl.replay.on_device import sequences_written
   cfg = r2d2.Config()
   exp = ExperimentConfig(agent="r2d2", env="gymnax:CartPole-v1", backend="device", seed=0, steps=20_000,
                          eval_every=5_000, run_dir=str(tmp_path / "r2d2"), progress_seconds=0)
@@ -350,7 +350,7 @@ import jax, numpy as np
 from jrl.agents import dqn, ppo, r2d2
 from jrl.device.runner import run_device
 from jrl.experiment.config import ExperimentConfig
-from jrl.policies import load_params
+from jrl.experiment.snapshots import load_params
 out = {}
 configs = {"dqn": dqn.Config(min_replay_size=512), "ppo": ppo.Config(), "r2d2": r2d2.Config(min_replay_size=64)}
 for agent, steps in (("ppo", 3072), ("dqn", 640), ("r2d2", 3000)):

@@ -17,7 +17,7 @@ from jrl.actors.evaluator import Evaluator
 from jrl.agents import dqn
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.runner import run
-from jrl.policies import load_config, load_params, load_snapshot, saved_snapshots
+from jrl.experiment.snapshots import load_config, load_params, load_snapshot, saved_snapshots
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROG = "python -m launch.evaluate"

@@ -13,6 +13,7 @@ import pytest
 import jrl
 from examples import custom_loss, custom_torso, own_loop
 from jrl import dqn
+from jrl.experiment import snapshots
 from jrl.learners.learner import make_multi_update, params_digest
 from jrl.replay.local import LocalReplay
 
@@ -105,7 +106,7 @@ def test_custom_agent_and_env_factory_through_the_command_line(tmp_path):
   assert summary["reward_threshold"] == 475.0  # the factory's env keeps CartPole-v1's spec
   assert config["agent"]["weight_decay"] == 0.001
   # The snapshot rebuilds the custom agent (LayerNorm torso) on the factory's env (2 observations).
-  params = jrl.policies.load_params(str(run_dir), "final")
+  params = snapshots.load_params(str(run_dir), "final")
   assert "LayerNorm_0" in params["params"]["LayerNormTorso_0"]
   policy = jrl.load_policy(str(run_dir), "final")
   actions = policy(np.zeros((5, 2), np.float32))

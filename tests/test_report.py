@@ -9,10 +9,11 @@ import pytest
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 from jrl.agents import dqn
+from jrl import timing
 from jrl.experiment import report
 from jrl.experiment.config import ExperimentConfig
-from jrl.experiment.report import NodeTimes, PhaseTimer
 from jrl.experiment.runner import run
+from jrl.timing import NodeTimes, PhaseTimer
 
 
 class FakeClock:
@@ -54,7 +55,7 @@ def test_timer_totals_while_running_and_moved_compile_time():
   timer = PhaseTimer(clock=clock).start()
   timer.enter("update")
   clock.tick(5)
-  timer.move(2, report.COMPILE)     # learnt after the fact, while `update` is still open
+  timer.move(2, timing.COMPILE)     # learnt after the fact, while `update` is still open
   assert timer.totals() == {"update": 3, "compile": 2}
   assert sum(timer.totals().values()) == timer.wall() == 5
 
@@ -64,20 +65,20 @@ def test_compile_intervals_are_counted_once_when_nested():
   timer = PhaseTimer(clock=clock).start()
   timer.enter("policy")
   clock.tick(10)
-  watch = report._CompileWatch(timer)
+  watch = timing._CompileWatch(timer)
   watch.add(end=3.0, duration=1.0)   # inner jit traced inside the outer trace [0, 4]
   watch.add(end=4.0, duration=4.0)   # outer trace
   watch.add(end=6.0, duration=2.0)   # backend compile after it
-  assert timer.totals()[report.COMPILE] == pytest.approx(6.0)
+  assert timer.totals()[timing.COMPILE] == pytest.approx(6.0)
   assert timer.totals()["policy"] == pytest.approx(4.0)
 
 
 def test_null_timer_has_the_timer_interface_and_keeps_nothing():
   """Shells default to NULL_TIMER: it must take every call a PhaseTimer takes, return what a
   PhaseTimer returns, let exceptions through its phases, and hold no state to record in."""
-  timer = report.NULL_TIMER
+  timer = timing.NULL_TIMER
   for name in ("enter", "switch", "exit", "phase"):
-    assert callable(getattr(report.PhaseTimer, name)) and callable(getattr(timer, name)), name
+    assert callable(getattr(timing.PhaseTimer, name)) and callable(getattr(timer, name)), name
   assert (timer.enter("env"), timer.switch("policy"), timer.exit()) == (None, None, None)
   with pytest.raises(ZeroDivisionError):
     with timer.phase("eval"):

@@ -47,13 +47,13 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jrl.agents import get_agent
-from jrl.device import replay as device_replay
 from jrl.errors import ConfigError
 from jrl.experiment.builder import AgentParts
 from jrl.experiment.config import ExperimentConfig
 from jrl.gymnax_envs import GymnaxVecEnv
 from jrl.learners import sharding
 from jrl.learners.learner import make_multi_update
+from jrl.replay import on_device as device_replay
 from jrl.types import LearnerBatch, Transition
 
 

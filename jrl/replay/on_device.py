@@ -21,7 +21,7 @@ each uniform over the stored ones, stratified by env: batch column b draws its
 env from the group `[b N / B, (b + 1) N / B)` (one env, or B / N columns per
 env) and a uniform slot. With the env axis and the batch axis both split over
 the mesh's devices, every column's group lives on that column's device, so the
-gather runs locally on each device (`jrl.device.replay.make_gather`, a `shard_map`),
+gather runs locally on each device (`make_gather`, a `shard_map`),
 and the samples do not depend on the number of devices. Sampling is per transition
 (no blocks: there is no per-call cost to amortise on device). Prioritized replay
 draws over the whole buffer (inverse CDF of p^alpha) and gathers across devices.
@@ -32,6 +32,8 @@ from typing import Any, NamedTuple, Optional, Tuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.shard_map import shard_map
+from jax.sharding import Mesh, PartitionSpec as P
 
 from jrl.errors import ConfigError
 from jrl.replay.sequence_adder import RecurrentSequence
@@ -201,3 +203,23 @@ def sample_indices(key: jax.Array, ring: Ring, lead: Tuple[int, int], num_envs: 
   first = (np.arange(batch) * num_envs) // batch             # [B] first env of each column's group
   env = jnp.asarray(first, jnp.int32)[None] + jax.random.randint(env_key, lead, 0, group)
   return slot, env
+
+
+def make_gather(mesh: Mesh, num_envs: int):
+  """gather(ring_data [S, N, ...], slot [U, B], env [U, B]) -> Transition [U, B, ...], local to each device.
+
+  `mesh` is the learner's 1-D mesh (`jrl.learners.sharding.make_mesh`): its one axis splits the
+  ring's env axis and the batch columns alike, so each device reads only its own envs' rows."""
+  (axis,) = mesh.axis_names
+  local_envs = num_envs // mesh.devices.size
+
+  def local(data, slot, env):
+    env = env - jax.lax.axis_index(axis) * local_envs
+    return jax.tree_util.tree_map(lambda x: x[slot, env], data)
+
+  def gather(data, slot, env):
+    data_spec = jax.tree_util.tree_map(lambda _: P(None, axis), data)
+    return shard_map(local, mesh=mesh, in_specs=(data_spec, P(None, axis), P(None, axis)),
+                     out_specs=data_spec, check_rep=False)(data, slot, env)
+
+  return gather
