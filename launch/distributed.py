@@ -1,11 +1,13 @@
 """The distributed topology as a Launchpad program, and how to run it.
 
-  counter   replay (ReverbNode)   learner (variable source)
+  counter (the counts, the run core's books, the budget)   replay (ReverbNode)   learner (variable source)
   actor x N --insert--> replay --sample--> learner
   actor --obs bytes--> inference server x M (inference=server) --params-- learner
-  evaluator: evaluates, prints progress, writes summary.json, stops the program at the budget
+  driver (group "evaluator"): the run core's loop (jrl.experiment.run_core) over the program:
+    evaluates, saves policies, prints progress, has the learner checkpoint, and when the counter
+    says the budget is reached writes summary.json and stops the program
 
-Under local_mp each node is a process of launch/supervisor.py: actors, evaluator
+Under local_mp each node is a process of launch/supervisor.py: actors, the driver
 and inference servers are restarted when they fail (up to max_restarts each),
 any other failure stops the program; servers listen on JRL_BIND_ADDRESS
 (127.0.0.1 by default, launch/loopback.py).
@@ -22,6 +24,7 @@ import functools
 import glob
 import json
 import os
+import sys
 import threading
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
@@ -33,13 +36,15 @@ from jrl.experiment import report
 from jrl.experiment.builder import build_agent_parts
 from jrl.experiment.checkpoint import Checkpointer, checkpoint_to_resume
 from jrl.experiment.config import ExperimentConfig
-from jrl.experiment.files import REPORT_FILE, SUMMARY_FILE, prepare_run_dir, resolve_paths, write_json
+from jrl.experiment.checkpoint import RunWritesFailed
+from jrl.experiment.files import REPORT_FILE, REVERB_REPLAY_DIR, SUMMARY_FILE, prepare_run_dir, resolve_paths
 from jrl.experiment.logging import cut_rows
+from jrl.experiment.run_core import add_to_summary
 from jrl.experiment.summary import with_report
-from jrl.experiment.files import REVERB_REPLAY_DIR
 from launch import cluster, liveness, loopback, multihost, nodes, supervisor
 
-# Nodes that hold no state others depend on: restarted when they fail.
+# Nodes that hold no state others depend on: restarted when they fail (the driver node keeps its
+# books in the counter).
 RESTARTABLE_GROUPS = ("actor", "evaluator", "inference")
 REPORT_NOTES = (
     "Times are this session's, per node, each from its start (after its set-up) to its end; a "
@@ -68,7 +73,7 @@ class ProgramNodes(NamedTuple):
   learners: List[Any]           # one per learner process; learners[0] serves the parameters
   inference_servers: List[Any]  # empty unless inference=server
   actors: List[Any]
-  evaluator: Any
+  evaluator: Any                # the driver node (launch.nodes.DriverNode), in the group "evaluator"
 
   @property
   def learner(self) -> Any:
@@ -82,7 +87,7 @@ def build_program(exp: ExperimentConfig, agent_cfg, session: nodes.Session,
   replay_restore = (os.path.join(session.checkpoint, "replay", REVERB_REPLAY_DIR) if session.checkpoint else None)
   program = lp.Program("jrl")
   with program.group("counter"):
-    counter = program.add_node(lp.CourierNode(nodes.Counter, counter_state))
+    counter = program.add_node(lp.CourierNode(nodes.Counter, counter_state, exp.steps))
   with program.group("replay"):
     replay = program.add_node(lp.ReverbNode(functools.partial(nodes.make_replay_tables, exp, agent_cfg),
                                             functools.partial(nodes.reverb_checkpointer, session.run_dir,
@@ -104,8 +109,8 @@ def build_program(exp: ExperimentConfig, agent_cfg, session: nodes.Session,
       server = servers[actor_id % len(servers)] if servers else None
       actors.append(program.add_node(lp.CourierNode(nodes.ActorNode, actor_id, exp, agent_cfg, replay, learner,
                                                     counter, server, session)))
-  with program.group("evaluator"):
-    evaluator = program.add_node(lp.CourierNode(nodes.EvaluatorNode, exp, agent_cfg, learner, counter, servers,
+  with program.group("evaluator"):  # the driver node keeps the group's name (logs, pids, restarts)
+    evaluator = program.add_node(lp.CourierNode(nodes.DriverNode, exp, agent_cfg, learner, counter, servers,
                                                 session, replay))
   return program, ProgramNodes(counter, replay, learners, servers, actors, evaluator)
 
@@ -235,10 +240,10 @@ def report_inputs(books: List[Mapping[str, Any]], summary: Mapping[str, Any], sp
   return merged, rates, extras
 
 
-def write_run_report(run_dir: str, session: nodes.Session, exp: ExperimentConfig, agent_cfg,
-                     summary: Dict[str, Any], cores: Optional[int], **details: Any):
-  """Writes RUN_DIR/report.md from the nodes' books; (verdict, `summary` with the report's verdict,
-  rates and phase seconds, and `details` added: the caller writes it)."""
+def run_report(run_dir: str, session: nodes.Session, exp: ExperimentConfig, agent_cfg, summary: Dict[str, Any],
+               cores: Optional[int], **details: Any):
+  """Writes RUN_DIR/report.md from the nodes' books; (verdict, the report's fields, `details` with
+  the report's own added), for `run_core.add_to_summary`."""
   spec = build_agent_parts(exp.agent, exp.env, agent_cfg).replay_spec
   node_times, rates, extras = report_inputs(read_node_books(run_dir, session.number), summary, spec)
   title = f"{exp.agent} on {exp.env}, seed {exp.seed}, distributed ({exp.num_actors} actors, " \
@@ -247,11 +252,19 @@ def write_run_report(run_dir: str, session: nodes.Session, exp: ExperimentConfig
   batch_sizes = extras.get("inference batch sizes (requests per batch: batches)")
   if batch_sizes:
     details["inference_batch_sizes"] = {str(k): v for k, v in batch_sizes.items()}
+  return result, fields, details
+
+
+def write_run_report(run_dir: str, session: nodes.Session, exp: ExperimentConfig, agent_cfg,
+                     summary: Dict[str, Any], cores: Optional[int], **details: Any):
+  """Writes RUN_DIR/report.md from the nodes' books; (verdict, `summary` with the report's verdict,
+  rates and phase seconds, and `details` added: not written)."""
+  result, fields, details = run_report(run_dir, session, exp, agent_cfg, summary, cores, **details)
   return result, with_report(summary, fields, **details)
 
 
 class ProgramStopped(KeyboardInterrupt):
-  """The program was stopped from outside (Ctrl-C, SIGTERM, lp.stop) before its evaluator ended
+  """The program was stopped from outside (Ctrl-C, SIGTERM, lp.stop) before its driver node ended
   the run. `signum`: the signal the launcher got (None: not known, launchers other than local_mp)."""
 
   def __init__(self, run_dir: str, signum: Optional[int] = None):
@@ -265,7 +278,7 @@ STOP_CHECKPOINT_SECONDS = 60.0  # the most a stop from outside waits for the lea
 def checkpoint_before_stop(built: "BuiltProgram") -> None:
   """At Ctrl-C or SIGTERM to the launcher (local_mp), before the nodes are stopped: the lead
   learner writes a checkpoint (learner, counters, replay), as the periodic ones, waited for at most
-  STOP_CHECKPOINT_SECONDS. Not when the run has ended (its evaluator wrote the summary after the
+  STOP_CHECKPOINT_SECONDS. Not when the run has ended (its driver node wrote the summary after the
   final checkpoint and stopped the program)."""
   if os.path.exists(os.path.join(built.run_dir, SUMMARY_FILE)):
     return
@@ -278,8 +291,10 @@ def checkpoint_before_stop(built: "BuiltProgram") -> None:
   call.join(STOP_CHECKPOINT_SECONDS)
   if not written:
     raise TimeoutError(f"the learner wrote no checkpoint within {STOP_CHECKPOINT_SECONDS:.0f} s")
-  path = written[0]
+  path, failed_policy = written[0]
   print(f"[launcher] checkpoint {os.path.relpath(path, built.run_dir)} written; stopping the program", flush=True)
+  if failed_policy is not None:
+    print(f"[checkpoint] {failed_policy}", file=sys.stderr, flush=True)
 
 
 @dataclasses.dataclass
@@ -349,7 +364,8 @@ def run_distributed(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
 def launch_program(built: BuiltProgram) -> Dict[str, Any]:
   """Launches a built program with jrl's launcher for its experiment (`exp.launcher`,
   `exp.lp_launch_type`), waits for it, writes the run report; the run's summary. RuntimeError
-  naming the node that failed."""
+  naming the node that failed; RunWritesFailed (after the report) when a checkpoint or policy
+  snapshot was not written."""
   program, exp, agent_cfg, session = built.program, built.exp, built.agent_cfg, built.session
   placement, node_env = built.placement, built.node_env
   run_dir, log_dir = session.run_dir, os.path.join(session.run_dir, "logs")
@@ -380,12 +396,14 @@ def launch_program(built: BuiltProgram) -> Dict[str, Any]:
     summary = json.load(f)
   restarts = restart_counts(run_dir)
   # One machine's cores are the budget of a local launch; hosts of a cluster each have theirs.
-  result, summary = write_run_report(run_dir, session, exp, agent_cfg, summary,
-                                     os.cpu_count() if placement is None else None, restarts=restarts,
-                                     restarts_total=sum(restarts.values()), lost_hosts=sorted(lost),
-                                     lost_nodes=liveness.lost_nodes(lost),
-                                     **({"devices": accelerators.describe(built.roles)} if built.roles else {}))
-  write_json(summary_path, summary)
+  result, fields, details = run_report(run_dir, session, exp, agent_cfg, summary,
+                                       os.cpu_count() if placement is None else None, restarts=restarts,
+                                       restarts_total=sum(restarts.values()), lost_hosts=sorted(lost),
+                                       lost_nodes=liveness.lost_nodes(lost),
+                                       **({"devices": accelerators.describe(built.roles)} if built.roles else {}))
+  summary = add_to_summary(run_dir, fields, **details)
   print(f"report: {result.advice} ({os.path.join(run_dir, REPORT_FILE)})", flush=True)
+  if summary["failed_writes"]:  # the driver node recorded them; the run is whole but for them
+    raise RunWritesFailed(run_dir, summary["failed_writes"])
   summary["run_dir"] = run_dir
   return summary

@@ -1,10 +1,15 @@
-"""Launchpad node classes: counter, replay tables, learner, actors, inference servers, evaluator.
+"""Launchpad node classes: counter, replay tables, learner, actors, inference servers, the driver.
+
+The driver node (`DriverNode`; `EvaluatorNode` is its former name) runs the run core's loop
+(`jrl.experiment.run_core`) over the program, as the embedded and device runs do in-process: the
+evaluation schedule, policy snapshots, progress, checkpoints' schedule and summary are the core's.
+The counter holds the budget: when it is reached, actors stop acting and the driver concludes.
 
 Each node builds its pieces inside `run()` (in its own process under local_mp)
 from the experiment and agent configs; handles to other nodes arrive as
 courier clients (or a reverb.Client for the replay node).
 
-Actors, inference servers and the evaluator may be restarted by the supervisor
+Actors, inference servers and the driver node may be restarted by the supervisor
 (launch/supervisor.py): a restarted one (`incarnation() > 0`) takes fresh seeds,
 continues its exploration schedule and appends to its metrics. Actors wait out
 a lost replay or inference server for `service_deadline_seconds`.
@@ -22,7 +27,7 @@ import shutil
 import signal
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import jax
 import launchpad as lp
@@ -33,23 +38,19 @@ from jrl.actors.evaluator import Evaluator
 from jrl.actors.inference import BatchedInference, InferenceClient
 from jrl.actors.variables import VariableClient
 from jrl.errors import Stopped
-from jrl.experiment import plots, report
-from jrl.experiment.bookkeeping import EvalHistory
+from jrl.experiment import report
 from jrl.experiment.builder import (build_acting_parts, build_agent_parts, example_item, make_actor, reverb_batches,
                                     success_threshold)
-from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule
+from jrl.experiment.checkpoint import Checkpointer, RunWritesFailed
 from jrl.experiment.config import ExperimentConfig
-from jrl.experiment.files import CHECKPOINTS_DIR, REVERB_REPLAY_DIR, SUMMARY_FILE, write_json
-from jrl.experiment.logging import MetricsLogger, Progress, TensorBoard, last_step
-from jrl.experiment.run_core import eval_text, evaluation_info, evaluator_row, evaluator_seed
-from jrl.experiment.summary import make_summary
+from jrl.experiment.files import CHECKPOINTS_DIR, REVERB_REPLAY_DIR
+from jrl.experiment.logging import MetricsLogger, TensorBoard, last_step
+from jrl.experiment.run_core import RunCore, WrittenCheckpoint, next_mark, save_checkpoint
 from jrl.learners import distributed, sharding
 from jrl.learners.learner import Learner, params_digest
-from jrl.policies import save_policy
 from jrl.outage import Outage, ServiceLost
 from jrl.replay import reverb_replay
 from jrl.replay.adders import make_block_writer
-from jrl.replay.batches import items_per_fetch
 from launch import faults, liveness
 from launch.supervisor import INCARNATION_ENV, RUN_DIR_ENV
 
@@ -58,7 +59,7 @@ from launch.supervisor import INCARNATION_ENV, RUN_DIR_ENV
 cpu_jit.dispatch_synchronously()
 
 LOG_SECONDS = 1.0
-# Longest the evaluator waits for an inference server's statistics at the end.
+# Longest the driver node waits for an inference server's statistics at the end.
 STATS_TIMEOUT_SECONDS = 10.0
 # A call to a service that has answered before counts as lost after this long without a reply.
 REPLY_PATIENCE_SECONDS = 2.0
@@ -66,7 +67,7 @@ REPLY_PATIENCE_SECONDS = 2.0
 # and how often.
 TIMES_DIR = os.path.join("logs", "times")
 TIMES_EVERY_SECONDS = 2.0
-# The evaluator repeats a progress line whose env steps (and lost hosts) have not changed only this
+# The driver node repeats a progress line whose env steps (and lost hosts) have not changed only this
 # often: while the actors start (imports, compiles) the count stays at its start, and one line says so.
 STILL_PROGRESS_SECONDS = 30.0
 
@@ -99,13 +100,20 @@ def report_share(budget: float, counted: float, num_actors: int) -> float:
 
 class Counter:
   """The program's shared bookkeeping: counts summed with `increment` (env steps,
-  episodes, learner steps, wall seconds, ...) and the evaluation history. It
-  outlives every restartable node and goes into checkpoints (`snapshot`)."""
+  episodes, learner steps, wall seconds, ...), the run core's books (`RunBooks.state()`: the
+  evaluation history, the next evaluation, the newest one) that the driver node keeps, and the
+  budget: `over()` is the one place that says the run's env steps are spent, for the actors (they
+  stop acting) and the driver node (it concludes the run and stops the program). It outlives
+  every restartable node and goes into checkpoints (`snapshot`)."""
 
-  def __init__(self, initial: Optional[Dict[str, Any]] = None):
+  def __init__(self, initial: Optional[Dict[str, Any]] = None, steps: Optional[float] = None):
+    """`initial`: a checkpoint's `snapshot()` (one written before the books were kept here has
+    the evaluation history alone); `steps`: the budget of env steps (None: none)."""
     self._lock = threading.Lock()
     self._counts: Dict[str, float] = dict((initial or {}).get("counts", {}))
     self._eval_history: Optional[Dict[str, Any]] = (initial or {}).get("eval_history")
+    self._books: Optional[Dict[str, Any]] = (initial or {}).get("books")
+    self._steps = steps
 
   def increment(self, **deltas) -> Dict[str, float]:
     with self._lock:
@@ -117,6 +125,19 @@ class Counter:
     with self._lock:
       return dict(self._counts)
 
+  def over(self) -> bool:
+    """Whether the env steps counted have reached the budget."""
+    with self._lock:
+      return self._steps is not None and self._counts.get("actor_steps", 0.0) >= self._steps
+
+  def set_books(self, books: Dict[str, Any]) -> None:
+    with self._lock:
+      self._books, self._eval_history = books, books["history"]
+
+  def get_books(self) -> Optional[Dict[str, Any]]:
+    with self._lock:
+      return self._books
+
   def set_eval_history(self, state: Dict[str, Any]) -> None:
     with self._lock:
       self._eval_history = state
@@ -127,7 +148,7 @@ class Counter:
 
   def snapshot(self) -> Dict[str, Any]:
     with self._lock:
-      return {"counts": dict(self._counts), "eval_history": self._eval_history}
+      return {"counts": dict(self._counts), "eval_history": self._eval_history, "books": self._books}
 
 
 def reverb_checkpointer(run_dir: str, restore_from: Optional[str]):
@@ -138,12 +159,12 @@ def reverb_checkpointer(run_dir: str, restore_from: Optional[str]):
 
 
 def make_replay_tables(exp: ExperimentConfig, agent_cfg):
+  """The replay node's tables: `reverb_replay.replay_tables`, as the embedded runner's, sampled by
+  the learner's processes, each its share of the batch."""
   parts = build_agent_parts(exp.agent, exp.env, agent_cfg)
-  spec = parts.replay_spec
-  signature = reverb_replay.item_signature(example_item(parts, agent_cfg), spec.frame_stack)
-  # Leeway for actors and learner running at their own pace: a few learner calls' worth.
-  error_buffer = 10 * items_per_fetch(spec, spec.kind.updates_per_call(exp.updates_per_call), agent_cfg.batch_size)
-  return [reverb_replay.make_table(spec, signature, error_buffer)]
+  return reverb_replay.replay_tables(parts.replay_spec, example_item(parts, agent_cfg), exp.updates_per_call,
+                                     agent_cfg.batch_size // exp.num_processes, exp.prefetch,
+                                     samplers=exp.num_processes)
 
 
 def wait_unless_stopped(future):
@@ -349,7 +370,8 @@ class LearnerNode:
   A learner of P processes (`exp.num_processes`) is P of these nodes joined by
   `jax.distributed`: each samples its share of the batch, they update in
   lockstep, and process 0 serves parameters, counts learner steps and writes
-  the run's checkpoints (periodically, and when the evaluator asks at the end).
+  the run's checkpoints when the driver node asks (on the run core's schedule, and at the end)
+  or the launcher does (a stop from outside).
   """
 
   def __init__(self, exp: ExperimentConfig, agent_cfg, replay, counter, session: Session, process_id: int = 0):
@@ -393,8 +415,10 @@ class LearnerNode:
         self._publish[1] += 1
     return self._served[1], self._served[0]
 
-  def checkpoint(self) -> str:
-    """Writes a checkpoint now (learner state, the counter's bookkeeping, replay); its path."""
+  def checkpoint(self) -> Tuple[str, Optional[str]]:
+    """Writes a checkpoint now (learner state, the counter's bookkeeping, replay) and the 'latest'
+    policy of its parameters: `run_core.save_checkpoint`'s (path, failed-write line of the policy
+    or None)."""
     self._ready.wait()
     with self._checkpoint_lock:
       state, steps, version = self._learner.snapshot()
@@ -410,13 +434,12 @@ class LearnerNode:
 
       run_state = {"counter": bookkeeping, "learner_steps": steps, "learner_version": version,
                    "sessions": self._session.number}
-      path = self._checkpointer.save(state, run_state, {"actor_steps": counts.get("actor_steps", 0.0),
-                                                        "learner_steps": steps, "learner_version": version,
-                                                        "episodes": counts.get("episodes", 0.0)}, write_replay)
-      save_policy(self._session.run_dir, "latest", self._fns.params(state),
-                  {"actor_steps": counts.get("actor_steps", 0.0), "learner_steps": steps})
+      counters = {"actor_steps": counts.get("actor_steps", 0.0), "learner_steps": steps, "learner_version": version,
+                  "episodes": counts.get("episodes", 0.0)}
+      path, failed_policy = save_checkpoint(self._checkpointer, self._session.run_dir, state, run_state, counters,
+                                            write_replay, self._fns.params(state))
       log(f"checkpoint {os.path.basename(path)}: {counts.get('actor_steps', 0):.0f} env steps, {steps} updates")
-      return path
+      return path, failed_policy
 
   def run(self):
     exit_soon_after_stop()
@@ -478,12 +501,8 @@ class LearnerNode:
         f"{params_digest(self._learner.get_variables()[0])}")
 
   def _learn(self, logger):
-    exp, lead = self._exp, self._process == 0
+    lead = self._process == 0
     last_time, last_steps = time.monotonic(), self._learner.steps
-    counts = wait_unless_stopped(self._counter.futures.get_counts())
-    # A resumed run's schedule starts from the steps it already has.
-    schedule = CheckpointSchedule(exp.checkpoint_every_steps, exp.checkpoint_every_seconds,
-                                  int(counts.get("actor_steps", 0)))
     while not lp.stop_event().is_set():
       try:
         metrics = self._learner.step()
@@ -496,19 +515,12 @@ class LearnerNode:
       now = time.monotonic()
       if now - last_time >= LOG_SECONDS:
         steps = self._learner.steps
-        if lead:
-          counts = self._count_steps(steps)
-        else:
-          counts = wait_unless_stopped(self._counter.futures.get_counts())
+        counts = self._count_steps(steps) if lead else wait_unless_stopped(self._counter.futures.get_counts())
         logger.write({"learner_steps": steps, "learner_version": version,
                       "actor_steps": counts.get("actor_steps", 0.0), **metrics,
                       "updates_per_second": (steps - last_steps) / (now - last_time), "host": host_name()})
         last_time, last_steps = now, steps
         self._times.maybe_write()
-      if lead and schedule.due(int(counts.get("actor_steps", 0))):
-        with self._timer.phase(report.CHECKPOINT):
-          self.checkpoint()
-        schedule.done(int(counts.get("actor_steps", 0)))
 
 
 class ActorNode:
@@ -592,7 +604,7 @@ class ActorNode:
                       "items_inserted": writer.items_inserted, "host": host_name()})
         last_time, last_steps, returns = now, actor.env_steps, []
         counted = counts["actor_steps"]
-        if counted >= exp.steps:
+        if wait_unless_stopped(self._counter.futures.over()):  # the budget is the counter's to decide
           break
 
 
@@ -642,42 +654,54 @@ class InferenceNode:
       times.write()
 
 
-class EvaluatorNode:
-  """Evaluates the learner's parameters, keeps the evaluation history (in the counter, so that
-  a restarted or resumed evaluator continues it), saves the best and final policies, prints
-  progress, and at the budget has the learner checkpoint, writes the summary and stops the program."""
+class ProgramDriver:
+  """The run core's `Driver` over the distributed program, in the driver node: `advance` waits
+  for the counter's env steps to move (and shows the progress line, with the hosts the launcher
+  found lost); `params` are the learner's variables (fetched once per look at the counter, so that
+  the final policy, its evaluation and the summary's digest are of the same parameters); `evaluate`
+  is the node's `Evaluator`; `checkpoint` is the learner node's (which writes it where its state
+  lives); `over` is the counter's word on the budget.
 
-  def __init__(self, exp: ExperimentConfig, agent_cfg, learner, counter, inference_servers, session: Session,
-               replay=None):
-    self._exp, self._cfg, self._learner, self._counter, self._replay = exp, agent_cfg, learner, counter, replay
-    self._servers, self._session = list(inference_servers), session
+  The run core's books are kept in the counter too (`Counter.set_books`): a restarted driver node,
+  or a resumed run's, continues them, and evaluation k plays the same episodes whoever runs it."""
 
-  def run(self):
-    exit_soon_after_stop()
-    exp, cfg = self._exp, self._cfg
-    parts = build_agent_parts(exp.agent, exp.env, cfg)
-    saved = wait_unless_stopped(self._counter.futures.get_eval_history())
-    history = EvalHistory.from_state(saved) if saved else EvalHistory(success_threshold(exp))
-    seed = evaluator_seed(exp.seed)
-    # Evaluation k always uses the same episodes, also when a restarted or resumed evaluator runs it.
-    evaluator = Evaluator(exp.env, parts.agent.make_policy(parts.networks, cfg, evaluation=True),
-                          exp.eval_episodes, seed=seed, first_index=history.count)
-    logger = metrics_logger(self._session, "evaluator")
-    progress = Progress(f"{exp.agent} {exp.env} s{exp.seed} distributed/{exp.inference}", exp.progress_seconds)
-    # Not a stage of the pipeline (actors do not wait on it): a helper in the run report.
-    self._timer = timer = report.PhaseTimer()
-    times = TimesFile(self._session, "evaluator/0",
-                      lambda: {"nodes": [timer.node("evaluator/0", "evaluator", helper=True).as_dict()]})
-    timer.start()
-    report.watch_compiles(timer)
-    try:
-      self._evaluate(exp, evaluator, seed, history, logger, progress, times)
-    except Stopped:
-      pass
-    finally:
-      report.unwatch_compiles()
-      timer.stop()
-      times.write()
+  def __init__(self, exp: ExperimentConfig, parts, agent_cfg, learner, counter, core: RunCore, session: Session,
+               timer: report.PhaseTimer, times: "TimesFile"):
+    self._exp, self._learner, self._counter, self._session = exp, learner, counter, session
+    self._timer, self._times = timer, times
+    books = wait_unless_stopped(counter.futures.get_books())
+    if books is None:  # a fresh run, or a checkpoint written when the counter held the history alone
+      history = wait_unless_stopped(counter.futures.get_eval_history())
+      books = core.books.state() if history is None else legacy_books(history, exp)
+    core.restore_books(books)
+    core.books.sessions = session.number
+    self.evaluator = Evaluator(exp.env, parts.agent.make_policy(parts.networks, agent_cfg, evaluation=True),
+                               exp.eval_episodes, seed=core.evaluator_seed, first_index=core.books.history.count)
+    self._counts: Dict[str, float] = wait_unless_stopped(counter.futures.get_counts())
+    self.over: bool = wait_unless_stopped(counter.futures.over())
+    self._last_time = time.monotonic()
+    self._params, self.version = None, None
+    self._printed: Tuple[Any, float] = (None, 0.0)  # the env steps (and lost hosts) of the last progress line, when
+
+  @property
+  def env_steps(self) -> int:
+    return int(self._counts.get("actor_steps", 0))
+
+  @property
+  def learner_steps(self) -> int:
+    return int(self._counts.get("learner_steps", 0))
+
+  def advance(self, core: RunCore) -> None:
+    self._counter.futures.set_books(core.books.state())  # what was recorded since the last look
+    start = self.env_steps
+    while True:
+      if self._pause():
+        raise Stopped("program stopping")
+      self._times.maybe_write()
+      self._look(core)
+      self._show_progress(core)
+      if self.env_steps != start or self.over:
+        return
 
   def _pause(self) -> bool:
     """Waits a moment (idle); whether the program is stopping."""
@@ -687,83 +711,128 @@ class EvaluatorNode:
     finally:
       self._timer.exit()
 
-  def _evaluate(self, exp, evaluator, seed, history: EvalHistory, logger, progress, times: TimesFile):
-    run_dir = self._session.run_dir
-    # The first evaluation point past the last one evaluated: an evaluator that starts (or restarts)
-    # after the actors passed it evaluates at its first look instead of skipping to the next point.
-    last_evaluated = history.actor_steps[-1] if history.actor_steps else 0
-    next_eval = (last_evaluated // exp.eval_every + 1) * exp.eval_every
-    last_time = time.monotonic()
-    params, last_eval = None, {}
-    printed, printed_at = None, 0.0  # the env steps (and lost hosts) of the last progress line, and when
-    while not self._pause():
-      times.maybe_write()
-      now = time.monotonic()
-      counts = wait_unless_stopped(self._counter.futures.increment(wall_seconds=now - last_time))
-      last_time = now
-      actor_steps = counts.get("actor_steps", 0.0)
-      done = actor_steps >= exp.steps
-      if actor_steps >= next_eval or done:
-        next_eval = (actor_steps // exp.eval_every + 1) * exp.eval_every
-        params, version = wait_unless_stopped(self._learner.futures.get_variables())
-        index = evaluator.next_index
-        with self._timer.phase(report.EVAL):
-          returns = evaluator.run(params)
-        row = history.record(actor_steps, returns)
-        self._counter.futures.set_eval_history(history.state())
-        learner_steps = counts.get("learner_steps", 0.0)
-        last_eval = {"actor_steps": actor_steps, "learner_steps": learner_steps,
-                     **evaluation_info(row, index, seed, exp.eval_episodes)}
-        logger.write(evaluator_row(actor_steps, learner_steps, row, counts.get("wall_seconds", 0.0),
-                                   learner_version=version,
-                                   lost_nodes=len(liveness.lost_nodes(liveness.read_lost(run_dir)))))
-        if row["is_best"]:
-          save_policy(run_dir, "best", params, last_eval)
-      elapsed = max(counts.get("wall_seconds", 0.0), 1e-9)
-      lost = liveness.describe_lost(liveness.read_lost(run_dir))  # hosts the launcher found lost
-      moved = (actor_steps, lost) != printed or time.monotonic() - printed_at >= STILL_PROGRESS_SECONDS
-      if (moved or done) and progress.maybe_print(
-          f"steps {actor_steps:.0f}/{exp.steps} | {actor_steps / elapsed:.0f} env-steps/s | "
-          f"updates {counts.get('learner_steps', 0):.0f} | episodes {counts.get('episodes', 0):.0f} | "
-          f"eval {eval_text(history)}" + (f" | lost {lost}" if lost else ""), force=done):
-        printed, printed_at = (actor_steps, lost), time.monotonic()
-      if done or (exp.stop_at_threshold and history.reached):
-        break
-    else:
-      return  # stopped from outside before the budget
-    if params is None:  # resumed at the budget: evaluate once
-      params, version = wait_unless_stopped(self._learner.futures.get_variables())
-    with self._timer.phase(report.CHECKPOINT):
-      final_checkpoint = wait_unless_stopped(self._learner.futures.checkpoint())
-    learner_steps = wait_unless_stopped(self._counter.futures.get_counts()).get("learner_steps", 0)  # as of it
-    save_policy(run_dir, "final", params, last_eval)
+  def _look(self, core: RunCore) -> None:
+    """The counter's counts and word on the budget; the program's wall seconds (counted here, so
+    that a restarted driver node continues them) are the core's clock."""
+    now = time.monotonic()
+    self._counts = wait_unless_stopped(self._counter.futures.increment(wall_seconds=now - self._last_time))
+    self._last_time = now
+    self.over = wait_unless_stopped(self._counter.futures.over())
+    self._params = None
+    core.books.episodes_total = int(self._counts.get("episodes", 0))
+    core.books.wall_before = self._counts.get("wall_seconds", 0.0)
+    core.start_clock(now)
+
+  def _show_progress(self, core: RunCore) -> None:
+    counts = self._counts
+    lost = liveness.describe_lost(liveness.read_lost(self._session.run_dir))
+    moved = (self.env_steps, lost) != self._printed[0] or time.monotonic() - self._printed[1] >= STILL_PROGRESS_SECONDS
+    rate = self.env_steps / max(counts.get("wall_seconds", 0.0), 1e-9)
+    if (moved or self.over) and core.progress.maybe_print(
+        core.progress_text(self.env_steps, rate, f"{counts.get('learner_steps', 0):.0f}",
+                           f"episodes {counts.get('episodes', 0):.0f}", f"lost {lost}" if lost else ""),
+        force=self.over):
+      self._printed = ((self.env_steps, lost), time.monotonic())
+
+  def params(self):
+    if self._params is None:
+      self._params, self.version = wait_unless_stopped(self._learner.futures.get_variables())
+    return self._params
+
+  def evaluate(self, params):
+    index = self.evaluator.next_index
+    return self.evaluator.run(params), index
+
+  def evaluation_columns(self) -> Dict[str, Any]:
+    return {"learner_version": self.version,
+            "lost_nodes": len(liveness.lost_nodes(liveness.read_lost(self._session.run_dir)))}
+
+  def checkpoint(self, books: Dict[str, Any]) -> WrittenCheckpoint:
+    wait_unless_stopped(self._counter.futures.set_books(books))  # in the checkpoint's counter
+    path, failed_policy = wait_unless_stopped(self._learner.futures.checkpoint())
+    # The learner brought the counter's learner steps up to its checkpoint's: the summary's are as of it.
+    self._counts["learner_steps"] = wait_unless_stopped(self._counter.futures.get_counts()).get("learner_steps", 0.0)
+    return WrittenCheckpoint(path, failed_policy)
+
+  def close(self) -> None:
+    self.evaluator.close()
+
+
+def legacy_books(history: Dict[str, Any], exp: ExperimentConfig) -> Dict[str, Any]:
+  """The run core's books from an evaluation history alone (a checkpoint written before the
+  counter kept the books): the next evaluation is the first evaluation point past the last one."""
+  evaluated = history["actor_steps"]
+  last = evaluated[-1] if evaluated else 0
+  return {"history": history, "next_log": exp.log_every, "next_eval": next_mark(last, 0, exp.eval_every),
+          "last_eval_steps": last if evaluated else -1}
+
+
+class DriverNode:
+  """The program's driver: runs the run core's loop (`RunCore.drive`) over the program with a
+  `ProgramDriver`, as the embedded and device runs do in-process. It evaluates the learner's
+  parameters on the core's schedule, saves the best and final policies, prints progress, has the
+  learner checkpoint on the core's schedule and at the end, writes the summary (with the writes
+  that failed) and the learning curve, and then stops the program. The run ends when the counter
+  says the budget is reached (or the threshold, with stop_at_threshold); the launcher adds the run
+  report, restarts and lost hosts to the summary afterwards (launch/distributed.py)."""
+
+  def __init__(self, exp: ExperimentConfig, agent_cfg, learner, counter, inference_servers, session: Session,
+               replay=None):
+    self._exp, self._cfg, self._learner, self._counter, self._replay = exp, agent_cfg, learner, counter, replay
+    self._servers, self._session = list(inference_servers), session
+
+  def run(self):
+    exit_soon_after_stop()
+    exp, cfg, session = self._exp, self._cfg, self._session
+    parts = build_agent_parts(exp.agent, exp.env, cfg)
+    # Not a stage of the pipeline (actors do not wait on it): a helper in the run report.
+    timer = report.PhaseTimer()
+    times = TimesFile(session, "evaluator/0",
+                      lambda: {"nodes": [timer.node("evaluator/0", "evaluator", helper=True).as_dict()]})
+    try:
+      core = RunCore(exp, cfg, success_threshold(exp), timer=timer, prepared=(session.run_dir, session.number > 0))
+      driver = ProgramDriver(exp, parts, cfg, self._learner, self._counter, core, session, timer, times)
+      core.open(driver.env_steps, f"{exp.agent} {exp.env} s{exp.seed} distributed/{exp.inference}",
+                loggers={"evaluator": metrics_logger(session, "evaluator")})
+      timer.start()
+      report.watch_compiles(timer)
+      final_params = core.drive(driver, signals=False)  # Launchpad stops its nodes with SIGTERM
+      self._finish(core, driver, final_params)
+    except Stopped:
+      return  # stopped from outside before the end
+    finally:
+      report.unwatch_compiles()
+      timer.stop()
+      times.write()
+    lp.stop()
+
+  def _finish(self, core: RunCore, driver: ProgramDriver, final_params) -> None:
+    """The summary (the launcher adds the run report) and the learning curve."""
+    exp = self._exp
     server_stats = self._server_stats()
     replay_info = self._replay.server_info()[reverb_replay.TABLE] if self._replay is not None else None
     batches = sum(s["batches"] for s in server_stats)
-    # The launcher adds the run report, restarts and lost hosts (launch/distributed.py).
-    summary = make_summary(
-        exp=exp, kind="distributed", replay="reverb", actor_steps=actor_steps,
-        learner_steps=learner_steps, episodes=counts.get("episodes", 0),
-        wall_seconds=counts.get("wall_seconds", 0.0), history=history.summary(),
-        learner_devices=wait_unless_stopped(self._learner.futures.mesh_size()), learner_processes=exp.num_processes,
-        resumed=self._session.number > 0, checkpoints=[os.path.basename(p) for p in Checkpointer(run_dir).all()],
-        params_digest=params_digest(params), failed_writes=[], report_fields=None,
-        details={
-            "inference": exp.inference, "num_actors": exp.num_actors,
-            "final_checkpoint": os.path.basename(final_checkpoint),
-            "inference_batch_mean": (sum(s["batch_mean"] * s["batches"] for s in server_stats) / batches
-                                     if batches else None),
-            "policy_lag_mean": counts.get("policy_lag_sum", 0.0) / max(counts.get("policy_lag_count", 0.0), 1.0),
-            "learner_version": int(version),
-            **({"replay_size": int(replay_info.current_size),
-                "replay_items_inserted": int(replay_info.rate_limiter_info.insert_stats.completed),
-                "replay_items_sampled": int(replay_info.rate_limiter_info.sample_stats.completed)}
-               if replay_info is not None else {}),
-        })
-    write_json(os.path.join(run_dir, SUMMARY_FILE), summary)
-    plots.plot_learning_curve(run_dir, f"{exp.agent} on {exp.env}, seed {exp.seed} (distributed)",
-                              history.threshold)
-    lp.stop()
+    counts = wait_unless_stopped(self._counter.futures.get_counts())
+    written = core.checkpointed[1]
+    details = {
+        "inference": exp.inference, "num_actors": exp.num_actors,
+        "final_checkpoint": os.path.basename(written) if written else None,
+        "inference_batch_mean": (sum(s["batch_mean"] * s["batches"] for s in server_stats) / batches
+                                 if batches else None),
+        "policy_lag_mean": counts.get("policy_lag_sum", 0.0) / max(counts.get("policy_lag_count", 0.0), 1.0),
+        "learner_version": int(driver.version),
+        **({"replay_size": int(replay_info.current_size),
+            "replay_items_inserted": int(replay_info.rate_limiter_info.insert_stats.completed),
+            "replay_items_sampled": int(replay_info.rate_limiter_info.sample_stats.completed)}
+           if replay_info is not None else {}),
+    }
+    try:
+      core.finish(driver, final_params, core.elapsed(), None, None, kind="distributed", replay="reverb",
+                  learner_devices=wait_unless_stopped(self._learner.futures.mesh_size()),
+                  learner_processes=exp.num_processes, details=details,
+                  plot_title=f"{exp.agent} on {exp.env}, seed {exp.seed} (distributed)")
+    except RunWritesFailed:
+      pass  # in the summary's failed_writes: the launcher ends non-zero after the run report
 
   def _server_stats(self) -> List[Dict[str, float]]:
     """Batching statistics of the inference servers that answer in time (a server being
@@ -778,3 +847,6 @@ class EvaluatorNode:
         log(f"inference server inference/{server_id} gave no stats ({type(e).__name__}: {e}); "
             "left out of inference_batch_mean")
     return stats
+
+
+EvaluatorNode = DriverNode  # its former name: the node evaluated, and ended the program itself

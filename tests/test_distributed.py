@@ -126,6 +126,32 @@ def test_a_dying_learner_stops_the_program_with_its_error(tmp_path):
   assert not os.path.exists(tmp_path / "crash" / "summary.json")
 
 
+def test_a_failed_write_in_a_program_is_in_its_summary(tmp_path):
+  """`policies` is a file, not a folder: every policy snapshot fails, the driver node's ('best',
+  'final') and the learner node's ('latest', beside each checkpoint). The program trains to its
+  end, its summary lists the failed writes, and the launcher exits 1 after the report, naming the
+  first in one line."""
+  run_dir = tmp_path / "dist"
+  run_dir.mkdir()
+  (run_dir / "policies").write_text("not a folder\n")
+  out, leftover = _train([*SMALL, "--num_actors", "1", "--run_dir", str(run_dir)])
+  assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+  assert leftover == [], leftover
+  summary = json.load(open(run_dir / "summary.json"))
+  assert summary["actor_steps"] >= 3000 and os.path.isfile(run_dir / "report.md")
+  # The checkpoints stand (the learner node wrote them); the policy beside each is what they lack.
+  assert summary["checkpoints"] and summary["details"]["final_checkpoint"] == summary["checkpoints"][-1]
+  failed = summary["failed_writes"]
+  assert failed[0].startswith("policy snapshot 'best' was not written ("), failed
+  assert failed[-2:] == [line for line in failed[-2:] if "'latest'" in line or "'final'" in line], failed
+  assert failed[-1].startswith("policy snapshot 'final' was not written ("), failed
+  assert "policy snapshot 'latest' was not written (" in failed[-2], failed
+  assert not any(line.startswith("checkpoint was not written") for line in failed), failed
+  last = out.stderr.strip().splitlines()[-1]
+  assert last == (f"python -m launch.train: error: the run finished and wrote its summary in {run_dir}, but "
+                  f"{failed[0]} (and {len(failed) - 1} more failed writes)"), last
+
+
 def test_distributed_config_errors_are_one_line(tmp_path):
   out = subprocess.run([sys.executable, "-m", "launch.train", "--distributed", "--inference", "remote"],
                        cwd=ROOT, text=True, capture_output=True, timeout=120)

@@ -113,6 +113,11 @@ def one_line(error: BaseException) -> str:
   return f"{error.__class__.__name__}: {text[0]}" if text else error.__class__.__name__
 
 
+def failed_line(what: str, error: BaseException) -> str:
+  """The line that records a write that failed: `what` (or the `WriteFailed`'s own) and its error."""
+  return f"{error.what if isinstance(error, WriteFailed) else what} was not written ({one_line(error.__cause__ or error)})"
+
+
 class FailedWrites:
   """The checkpoints and policy snapshots a run could not write (a full disk, a folder it may
   not write). Each failure is printed in one line and recorded, and the run goes on: a finished
@@ -126,9 +131,12 @@ class FailedWrites:
     try:
       yield
     except Exception as e:  # noqa: BLE001 - any failure to write is reported, never fatal to the run
-      line = f"{e.what if isinstance(e, WriteFailed) else what} was not written ({one_line(e.__cause__ or e)})"
-      self.lines.append(line)
-      print(f"[checkpoint] {line}", file=sys.stderr, flush=True)
+      self.record(failed_line(what, e))
+
+  def record(self, line: str) -> None:
+    """Records a failed write's line (`failed_line`, made where the write failed) and prints it."""
+    self.lines.append(line)
+    print(f"[checkpoint] {line}", file=sys.stderr, flush=True)
 
   def check(self, run_dir: str) -> None:
     """RunWritesFailed when any write failed (call once the run's summary is written)."""

@@ -1,7 +1,8 @@
 """The run core: what every run does whatever drives it.
 
 A driver (the embedded loop, `jrl.experiment.runner`; the device host loop,
-`jrl.device.runner`) knows where acting and learning happen. The core knows the rest:
+`jrl.device.runner`; the distributed program's driver node, `launch.nodes.DriverNode`) knows
+where acting and learning happen. The core knows the rest:
 the run directory and resume, the evaluation history and its threshold rule, evaluator
 seeding, metric rows (CSV and TensorBoard) and the progress line, policy snapshots, the
 checkpoint schedule, the summary, the plot and the closing lines. `RunCore.drive` is the
@@ -15,17 +16,21 @@ one loop every in-process run follows:
 Ctrl-C or SIGTERM stops the loop after the advance under way and checkpoints there
 (`jrl.experiment.interrupt`): an interrupted run continues with --resume.
 
-The distributed program's evaluator node keeps the same books with the same pieces
-(`evaluator_seed`, `EvalHistory`, `evaluation_info`, `eval_text`, `make_summary`).
+The distributed program's driver node runs the same loop over the program: its advance waits for
+the counter's env steps to move, its checkpoints are the learner node's (written where the
+learner's state lives, through `save_checkpoint`), and the launcher adds the run report to the
+summary afterwards (`add_to_summary`).
 """
 
+import contextlib
 import dataclasses
+import json
 import math
 import os
 import shutil
 import signal
 import time
-from typing import Any, Callable, Dict, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Protocol, Tuple
 
 import numpy as np
 
@@ -33,12 +38,13 @@ from jrl import seeding
 from jrl.experiment import files, plots
 from jrl.experiment.background import BackgroundWriter
 from jrl.experiment.bookkeeping import EvalHistory
-from jrl.experiment.checkpoint import Checkpointer, CheckpointSchedule, FailedWrites, checkpoint_to_resume
+from jrl.experiment.checkpoint import (Checkpointer, CheckpointSchedule, FailedWrites, checkpoint_to_resume,
+                                      failed_line)
 from jrl.experiment.files import REPORT_FILE, SUMMARY_FILE, write_json
 from jrl.experiment.interrupt import Interrupts, RunInterrupted
-from jrl.experiment.logging import Progress, metric_log_positions, open_metric_logs
+from jrl.experiment.logging import MetricsLogger, Progress, metric_log_positions, open_metric_logs
 from jrl.experiment.snapshots import save_policy
-from jrl.experiment.summary import make_summary
+from jrl.experiment.summary import make_summary, with_report
 from jrl.learners.learner import params_digest
 from jrl.timing import CHECKPOINT, EVAL, NULL_TIMER
 
@@ -70,6 +76,40 @@ def eval_text(history: EvalHistory) -> str:
 def next_mark(steps: int, mark: int, every: int) -> int:
   """The first multiple of `every` past `mark` that is beyond `steps` (a chunk may pass several)."""
   return mark + every * max(1, math.ceil((steps - mark + 1) / every))
+
+
+def save_checkpoint(checkpointer: Checkpointer, run_dir: str, learner_state, run_state: Dict[str, Any],
+                    counters: Dict[str, Any], write_replay: Optional[Callable[[str], None]],
+                    params) -> Tuple[str, Optional[str]]:
+  """Writes a checkpoint and the 'latest' policy (`params`, those of the checkpoint's learner) beside
+  it: (the checkpoint's path, the failed-write line of the policy when it was not written, else
+  None). WriteFailed (or the error) when the checkpoint is not written. The core calls it for an
+  in-process driver; the distributed program's learner node calls it where its state lives."""
+  path = checkpointer.save(learner_state, run_state, counters, write_replay=write_replay)
+  try:
+    save_policy(run_dir, "latest", params, {"actor_steps": counters["actor_steps"],
+                                            "learner_steps": counters["learner_steps"]})
+  except Exception as e:  # noqa: BLE001 - the checkpoint stands; the run records the snapshot it lacks
+    return path, failed_line("policy snapshot 'latest'", e)
+  return path, None
+
+
+class WrittenCheckpoint(NamedTuple):
+  """What `Driver.checkpoint` returns when the driver wrote the checkpoint itself (through
+  `save_checkpoint`, where its learner's state lives: the distributed program's learner node)."""
+  path: str
+  failed_policy: Optional[str] = None  # save_checkpoint's line for a 'latest' policy not written
+
+
+def add_to_summary(run_dir: str, report_fields: Mapping[str, Any], **details: Any) -> Dict[str, Any]:
+  """Adds the run report's fields and more `details` to RUN_DIR/summary.json (written by
+  `RunCore.finish`): what only the distributed program's launcher knows once every node has ended
+  (the report from every node's times, restarts, lost hosts). Returns the new summary."""
+  path = os.path.join(run_dir, SUMMARY_FILE)
+  with open(path) as f:
+    summary = with_report(json.load(f), report_fields, **details)
+  write_json(path, summary)
+  return summary
 
 
 @dataclasses.dataclass
@@ -111,10 +151,15 @@ class Driver(Protocol):
   def evaluate(self, params) -> Tuple[np.ndarray, int]:
     """Greedy episode returns of `params`, and the evaluation's index (its episodes' seeds)."""
 
-  def checkpoint(self, books: Dict[str, Any]) -> Tuple[Any, Dict[str, Any], Optional[Callable[[str], None]]]:
-    """(learner state or None, the run state to pickle with `books` in it, the replay writer or None)."""
+  def checkpoint(self, books: Dict[str, Any]) -> Any:
+    """(learner state or None, the run state to pickle with `books` in it, the replay writer or None);
+    or a `WrittenCheckpoint` where the driver wrote it itself (with `books` in it)."""
 
   def close(self) -> None: ...
+
+  # Optional: `evaluation_columns() -> Dict` (more columns of the evaluator's row, after the
+  # learner steps); `over: bool` (the run's budget is reached, where the driver learns it from
+  # elsewhere than its env steps: the distributed program's counter).
 
 
 class RunCore:
@@ -122,7 +167,7 @@ class RunCore:
 
   def __init__(self, exp, agent_cfg, threshold: Optional[float], before_writing: Callable[[], None] = lambda: None,
                timer=NULL_TIMER, follower_dir: Optional[str] = None, agree: Callable[[bool], bool] = bool,
-               writer: Optional[BackgroundWriter] = None):
+               writer: Optional[BackgroundWriter] = None, prepared: Optional[Tuple[str, bool]] = None):
     """Reads the checkpoint to resume (exp.resume) and prepares the run directory
     (ConfigError for bad input, before anything is written).
 
@@ -134,18 +179,27 @@ class RunCore:
     it depends on a local clock (a checkpoint every N seconds): the first process's.
     `writer`: rows, progress lines and best-policy snapshots are written on its thread (a
     `BackgroundWriter`, the driver's; it may serve several runs), for a driver whose host thread
-    should go back to its device; None: written at once."""
+    should go back to its device; None: written at once.
+    `prepared`: (run directory, whether resumed) of a run whose directory was prepared, and whose
+    checkpoint was read, elsewhere: the distributed program's launcher; its driver node keeps the
+    books (restored by the driver, `restore_books`), and leaves partial checkpoints to the launcher
+    (a learner may be writing one)."""
     self.exp, self.timer, self.follower, self._agree = exp, timer, follower_dir is not None, agree
-    self.resume_info = checkpoint_to_resume(exp.resume, exp.steps, exp.resume_strict) if exp.resume else None
+    self._prepared_resumed = prepared is not None and prepared[1]
+    reads_resume = exp.resume and prepared is None
+    self.resume_info = checkpoint_to_resume(exp.resume, exp.steps, exp.resume_strict) if reads_resume else None
     self.saved: Optional[Dict[str, Any]] = Checkpointer.read_run_state(self.resume_info) if self.resume_info else None
-    if self.follower:
+    if prepared is not None:
+      self.run_dir = prepared[0]
+    elif self.follower:
       shutil.rmtree(follower_dir, ignore_errors=True)
       os.makedirs(follower_dir)
       self.run_dir = os.path.abspath(follower_dir)
     else:
       self.run_dir = files.prepare_run_dir(exp, agent_cfg, before_writing=before_writing)
     self.checkpointer = Checkpointer(self.run_dir, exp.keep_checkpoints)
-    self.checkpointer.clean_partial()
+    if prepared is None:
+      self.checkpointer.clean_partial()
     self.failed_writes = FailedWrites()
     self.evaluator_seed = evaluator_seed(exp.seed)
     self.books = RunBooks(EvalHistory(threshold), exp.log_every, exp.eval_every)
@@ -155,19 +209,25 @@ class RunCore:
 
   @property
   def resumed(self) -> bool:
-    return self.saved is not None
+    return self.saved is not None or self._prepared_resumed
 
-  def restore_books(self, state: Dict[str, Any]) -> Dict[str, Any]:
-    """Takes the books from a checkpoint's saved state; returns the driver's keys."""
+  def restore_books(self, state: Dict[str, Any], new_session: bool = True) -> Dict[str, Any]:
+    """Takes the books from a checkpoint's saved state (`new_session`: a resumed run's, whose
+    sessions count one more; else a restarted driver's, continuing this session); returns the
+    driver's keys."""
     self.books, rest = RunBooks.split(state)
-    self.books.sessions += 1
+    self.books.sessions += int(new_session)
     return rest
 
-  def open(self, env_steps: int, progress_prefix: str) -> None:
+  def open(self, env_steps: int, progress_prefix: str, loggers: Optional[Dict[str, MetricsLogger]] = None) -> None:
     """Opens the metric logs (a resumed run drops what was logged after its checkpoint), the
-    progress line and the checkpoint schedule."""
+    progress line and the checkpoint schedule. `loggers`: the driver's own (the distributed
+    program's driver node has the evaluator's; its other nodes write their own rows)."""
     positions = self.saved["positions"] if self.saved is not None and not self.follower else None
-    self.tb, self.loggers = open_metric_logs(self.run_dir, ROLES, positions)
+    if loggers is not None:
+      self.tb, self.loggers = None, dict(loggers)
+    else:
+      self.tb, self.loggers = open_metric_logs(self.run_dir, ROLES, positions)
     self.progress = Progress(progress_prefix, self.exp.progress_seconds)
     self.schedule = CheckpointSchedule(self.exp.checkpoint_every_steps, self.exp.checkpoint_every_seconds, env_steps)
 
@@ -198,8 +258,8 @@ class RunCore:
     learner = {"actor_steps": env_steps, "learner_steps": learner_steps, **learner_metrics,
                "updates_per_second": updates_per_second, "wall_seconds": wall_seconds} if learner_metrics else None
     episode_text = "-" if episode_return is None else f"{episode_return:.1f}"
-    progress = (f"steps {env_steps}/{self.exp.steps} | {steps_per_second:.0f} env-steps/s | updates {learner_steps} "
-                f"({updates_per_second:.0f}/s) | episode return {episode_text} | eval {eval_text(self.books.history)}")
+    progress = self.progress_text(env_steps, steps_per_second, f"{learner_steps} ({updates_per_second:.0f}/s)",
+                                  f"episode return {episode_text}")
 
     def write() -> None:
       self.loggers["actor"].write(actor)
@@ -207,6 +267,13 @@ class RunCore:
         self.loggers["learner"].write(learner)
       self.progress.maybe_print(progress)
     self._write(write)
+
+  def progress_text(self, env_steps: float, steps_per_second: float, updates: str, episodes: str,
+                    after: str = "") -> str:
+    """The progress line: env steps of the budget, their rate, the learner's updates and the
+    episodes as the driver words them, the evaluations, and `after` (a lost host)."""
+    return (f"steps {env_steps:.0f}/{self.exp.steps} | {steps_per_second:.0f} env-steps/s | updates {updates} | "
+            f"{episodes} | eval {eval_text(self.books.history)}" + (f" | {after}" if after else ""))
 
   def _write(self, write: Callable[[], None]) -> None:
     """A file write: on the background writer where the run has one, else now."""
@@ -234,23 +301,26 @@ class RunCore:
     with self.timer.phase(EVAL):
       params = driver.params()
       returns, index = driver.evaluate(params)
-      self.record_evaluation(driver, returns, index, params)
+      columns = getattr(driver, "evaluation_columns", None)
+      self.record_evaluation(driver, returns, index, params, columns=columns() if columns is not None else None)
 
   def record_evaluation(self, driver: Driver, returns, index: int, params, mean: Optional[float] = None,
-                        wall_seconds: Optional[float] = None) -> Dict[str, float]:
+                        wall_seconds: Optional[float] = None,
+                        columns: Optional[Dict[str, Any]] = None) -> Dict[str, float]:
     """Records evaluation `index` of the driver's parameters at its current counts (made now, or
     made by the driver itself: the device loop evaluates inside its compiled chunk): the
     evaluator's row, the books (the next evaluation is scheduled past these steps), and the best
     policy when it is a new best (`params`: the evaluated parameters; None where a later
     evaluation of the same chunk supersedes them). `mean`: the mean return as the driver computed
-    it (its best and threshold decisions must be the host's). Returns the row."""
+    it (its best and threshold decisions must be the host's). `columns`: the driver's own in the
+    row. Returns the row."""
     books = self.books
     if driver.env_steps >= books.next_eval:
       books.next_eval = next_mark(driver.env_steps, books.next_eval, self.exp.eval_every)
     books.last_eval_steps = driver.env_steps
     row = books.history.record(driver.env_steps, returns, mean=mean)
     wall = self.elapsed() if wall_seconds is None else wall_seconds
-    written = evaluator_row(driver.env_steps, driver.learner_steps, row, wall)
+    written = evaluator_row(driver.env_steps, driver.learner_steps, row, wall, **(columns or {}))
     books.last_eval = info = evaluation_info(row, index, self.evaluator_seed, self.exp.eval_episodes)
     counts = (driver.env_steps, driver.learner_steps)
 
@@ -265,30 +335,44 @@ class RunCore:
     """A checkpoint of the driver's state and the books, and the 'latest' policy; a failed
     write is recorded and the run goes on."""
     self.drain()  # the logs' positions it records are those of every row so far
+    written: Optional[WrittenCheckpoint] = None
     with self.timer.phase(CHECKPOINT), self.failed_writes.attempt("checkpoint"):
       self.schedule.done(driver.env_steps)  # a failed checkpoint is not retried at once
       books = self.books.state()
       books["wall_before"] = self.elapsed()
-      learner_state, run_state, write_replay = driver.checkpoint(books)
+      state = driver.checkpoint(books)
       self.checkpointed = (driver.env_steps, None)  # every process alike, written or not
-      if self.follower:
+      if isinstance(state, WrittenCheckpoint):
+        written = state
+      elif self.follower:
         return  # it took part in gathering the state; the first process saves it
-      run_state["positions"] = metric_log_positions(self.tb, self.loggers)
-      counters = {"actor_steps": driver.env_steps, "learner_steps": driver.learner_steps,
-                  "episodes": self.books.episodes_total, "evaluations": self.books.history.count}
-      path = self.checkpointer.save(learner_state, run_state, counters, write_replay=write_replay)
-      self.checkpointed = (driver.env_steps, path)
-      save_policy(self.run_dir, "latest", driver.params(),
-                  {"actor_steps": driver.env_steps, "learner_steps": driver.learner_steps})
+      else:
+        learner_state, run_state, write_replay = state
+        run_state["positions"] = metric_log_positions(self.tb, self.loggers)
+        counters = {"actor_steps": driver.env_steps, "learner_steps": driver.learner_steps,
+                    "episodes": self.books.episodes_total, "evaluations": self.books.history.count}
+        written = WrittenCheckpoint(*save_checkpoint(self.checkpointer, self.run_dir, learner_state, run_state,
+                                                     counters, write_replay, driver.params()))
+      self.checkpointed = (driver.env_steps, written.path)
+    if written is not None and written.failed_policy is not None:
+      self.failed_writes.record(written.failed_policy)
 
-  def drive(self, driver: Driver) -> Any:
+  def over(self, driver: Driver) -> bool:
+    """Whether the run has reached its budget: the driver's env steps, or where the driver learns
+    it from elsewhere (`driver.over`: the distributed program's counter, the one place that decides
+    it for every node), its word."""
+    over = getattr(driver, "over", None)
+    return bool(over) if over is not None else driver.env_steps >= self.exp.steps
+
+  def drive(self, driver: Driver, signals: bool = True) -> Any:
     """Runs `driver` to the budget (or the threshold, with stop_at_threshold), then evaluates
     the final parameters, checkpoints and saves the final policy; returns those parameters.
     The logs and the driver are closed however it ends; at Ctrl-C or SIGTERM, after a checkpoint
-    of the last whole advance (`interrupted`)."""
+    of the last whole advance (`interrupted`). `signals` False: the signals are not the run's to
+    take (a node of the distributed program, which Launchpad stops with SIGTERM)."""
     try:
-      with Interrupts() as interrupts:
-        while driver.env_steps < self.exp.steps:
+      with Interrupts() if signals else contextlib.nullcontext(Interrupts()) as interrupts:
+        while not self.over(driver):
           driver.advance(self)
           if self.after_advance(driver):
             break
@@ -319,7 +403,7 @@ class RunCore:
     if (may_stop and exp.stop_at_threshold and books.history.reached
         and books.last_eval_steps == driver.env_steps):
       return True
-    if self._agree(self.schedule.due(driver.env_steps)) and driver.env_steps < exp.steps:  # the last one follows
+    if self._agree(self.schedule.due(driver.env_steps)) and not self.over(driver):  # the last one follows
       self.checkpoint(driver)
     return False
 
@@ -341,13 +425,16 @@ class RunCore:
     finally:
       for logger in self.loggers.values():
         logger.close()
-      self.tb.close()
+      if self.tb is not None:
+        self.tb.close()
 
   def finish(self, driver: Driver, final_params, wall: float, report_result, report_fields, *, kind: str,
              replay: str, learner_devices: int, learner_processes: int, details: Dict[str, Any],
              plot_title: str, done_extra: str = "") -> Dict[str, Any]:
     """Writes summary.json and the learning curve, prints the report's verdict and the done
-    line; RunWritesFailed if a checkpoint or snapshot was not written. Returns the summary."""
+    line; RunWritesFailed if a checkpoint or snapshot was not written. Returns the summary.
+    `report_result` None: the report comes later (the distributed program's launcher writes it
+    once every node has ended, `add_to_summary`)."""
     exp, books = self.exp, self.books
     summary = make_summary(
         exp=exp, kind=kind, replay=replay, actor_steps=driver.env_steps, learner_steps=driver.learner_steps,
@@ -357,8 +444,9 @@ class RunCore:
         failed_writes=self.failed_writes.lines, report_fields=report_fields, details=details)
     write_json(os.path.join(self.run_dir, SUMMARY_FILE), summary)
     plots.plot_learning_curve(self.run_dir, plot_title, books.history.threshold)
-    self.progress.maybe_print(f"report: {report_result.advice} ({os.path.join(self.run_dir, REPORT_FILE)})",
-                              force=True)
+    if report_result is not None:
+      self.progress.maybe_print(f"report: {report_result.advice} ({os.path.join(self.run_dir, REPORT_FILE)})",
+                                force=True)
     self.progress.maybe_print(f"done: {driver.env_steps} steps in {wall:.1f}s{done_extra} | eval "
                               f"{summary['eval_return']:.1f} (best {summary['best_eval_return']:.1f}) | steps to "
                               f"threshold {summary['steps_to_threshold']} | {self.run_dir}", force=True)

@@ -25,8 +25,7 @@ from jrl import compat, jit_cache, seeding
 from jrl.actors.evaluator import Evaluator
 from jrl.actors.variables import VariableClient
 from jrl.experiment import plots, report
-from jrl.experiment.builder import (build_acting_parts, example_item, make_actor, reverb_batches,  # noqa: F401
-                                    success_threshold)
+from jrl.experiment.builder import build_acting_parts, example_item, make_actor, reverb_batches, success_threshold
 from jrl.experiment.checkpoint import Checkpointer
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import CHECKPOINTS_DIR, REPORT_FILE, REVERB_REPLAY_DIR
@@ -37,6 +36,7 @@ from jrl.replay.adders import make_block_writer
 from jrl.replay.batches import PreparedBatch, items_per_fetch, make_assembler
 from jrl.replay.buffer import SeededReplayBuffer
 from jrl.replay.local import calls_due
+from jrl.timing import ASSEMBLE, NULL_TIMER, SAMPLE, PhaseTimer, unwatch_compiles, watch_compiles
 
 REPORT_NOTES = (
     "Times are this session's (a resumed run reports the part after its resume). `main` is the "
@@ -62,13 +62,13 @@ class Replay(NamedTuple):
 
 def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: jax.sharding.Mesh,
                 run_dir: str, restore_from: Optional[str] = None,
-                timer: Optional[report.PhaseTimer] = None) -> Replay:
+                timer: Optional[PhaseTimer] = None) -> Replay:
   """The seeded buffer (`exp.deterministic`) or an in-process Reverb server; with
   `restore_from` (a checkpoint's replay folder) it starts with the saved contents.
 
   `timer` times the sampling: the caller's own timer for the seeded buffer (batches are
   drawn in the caller's thread), the prefetch thread's timer for Reverb."""
-  timer = timer if timer is not None else report.NULL_TIMER
+  timer = timer if timer is not None else NULL_TIMER
   spec = parts.replay_spec
   updates = spec.kind.updates_per_call(exp.updates_per_call)
   num_items = items_per_fetch(spec, updates, batch_size)
@@ -86,9 +86,9 @@ def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: 
 
     def synchronous_batches():
       while True:
-        timer.enter(report.SAMPLE)
+        timer.enter(SAMPLE)
         sampled = buffer.sample(num_items)
-        timer.switch(report.ASSEMBLE)
+        timer.switch(ASSEMBLE)
         prepared = assemble_batch(sampled)
         timer.exit()
         yield prepared
@@ -103,17 +103,13 @@ def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: 
 
   from jrl.replay import reverb_replay  # the only path that loads reverb and TensorFlow
 
-  example = example_item(parts, agent_cfg)
-  signature = reverb_replay.item_signature(example, spec.frame_stack)
-  # Leeway for the samples the prefetch takes ahead of the learner, and two calls more (a resumed
-  # run's sampler starts without those its predecessor took; its rate limiter counts them).
-  error_buffer = reverb_replay.samples_ahead(num_items, exp.prefetch) + 2 * num_items
   # Reverb writes its checkpoints here; each is then moved into the run's checkpoint.
   os.makedirs(os.path.join(run_dir, CHECKPOINTS_DIR), exist_ok=True)
   scratch = tempfile.mkdtemp(prefix=".reverb-", dir=os.path.join(run_dir, CHECKPOINTS_DIR))
   fallback = os.path.join(restore_from, REVERB_REPLAY_DIR) if restore_from is not None else None
-  server = reverb_replay.start_server([reverb_replay.make_table(spec, signature, error_buffer)],
-                                      checkpoint_dir=scratch, restore_from=fallback)
+  tables = reverb_replay.replay_tables(spec, example_item(parts, agent_cfg), exp.updates_per_call, batch_size,
+                                       exp.prefetch)
+  server = reverb_replay.start_server(tables, checkpoint_dir=scratch, restore_from=fallback)
   address = f"localhost:{server.port}"
   client = reverb_replay.reverb.Client(address)
   writer = reverb_replay.ReverbItemWriter(client, **reverb_replay.frame_options(spec, exp.num_envs))
@@ -163,7 +159,7 @@ class EmbeddedDriver:
   the learner calls the item kind's schedule owes (`ItemKind.rows_scheduled`)."""
 
   def __init__(self, exp: ExperimentConfig, agent_cfg, parts, asynchronous: bool, mesh: jax.sharding.Mesh,
-               core: RunCore, timer: report.PhaseTimer, prefetch_timer: Optional[report.PhaseTimer]):
+               core: RunCore, timer: PhaseTimer, prefetch_timer: Optional[PhaseTimer]):
     self.exp, self.spec = exp, parts.replay_spec
     resume_info, saved = core.resume_info, core.saved
     # Each process feeds its own slice of the global batch from its own replay; this process is
@@ -289,8 +285,8 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   mesh = sharding.make_mesh(exp.learner_devices)
   sharding.check_batch_size(agent_cfg.batch_size, mesh)
   # One timer per thread: this one, and the Reverb batch-prefetch thread's.
-  timer = report.PhaseTimer()
-  prefetch_timer = None if exp.deterministic else report.PhaseTimer()
+  timer = PhaseTimer()
+  prefetch_timer = None if exp.deterministic else PhaseTimer()
 
   def check_stack():  # a Reverb run where Reverb is not installed (a core install): refused before writing
     if not exp.deterministic:
@@ -302,14 +298,14 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   core.start_clock()
   loop_started = time.perf_counter()
   timer.start()
-  report.watch_compiles(timer)  # JIT compilation in this thread is its own phase
+  watch_compiles(timer)  # JIT compilation in this thread is its own phase
   plots.preload_in_background()  # matplotlib loads while the first calls compile
   first_step_unix = time.time()
   at_start = driver.counts()
   try:
     final_params = core.drive(driver)
   finally:
-    report.unwatch_compiles()
+    unwatch_compiles()
   wall = core.elapsed()
   timer.stop()
   nodes = [timer.node("main", "embedded")]

@@ -6,7 +6,7 @@ The only module of the core that imports reverb (and so TensorFlow).
 import collections
 import threading
 import time
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 from jrl import compat
 
@@ -42,6 +42,44 @@ def item_signature(example_item, frame_stack: int = 0) -> object:
   if frame_stack:
     example_item = frame_sharing.table_item(example_item, frame_stack)
   return tree.map_structure(lambda x: tf.TensorSpec(np.shape(x), tf.as_dtype(np.asarray(x).dtype)), example_item)
+
+
+def replay_tables(spec: ReplaySpec, example_item, updates_per_call: int, batch_size: int, prefetch: int,
+                  samplers: int = 1) -> List[reverb.Table]:
+  """The Reverb tables of a run, embedded (`jrl.experiment.runner`) or distributed (the program's
+  replay node): the one table `spec`'s item kind stores in (`make_table`), for items shaped like
+  `example_item`, with the error buffer of `table_error_buffer`.
+
+  `samplers` learner processes sample it, each `batch_size` transitions (or sequences) per
+  update and the item kind's learner call of `updates_per_call` (the flag's value) updates,
+  prepared `prefetch` calls ahead (`prefetched_batches`)."""
+  items = items_per_fetch(spec, spec.kind.updates_per_call(updates_per_call), batch_size)
+  signature = item_signature(example_item, spec.frame_stack)
+  return [make_table(spec, signature, table_error_buffer(items, prefetch, samplers))]
+
+
+def table_error_buffer(items_per_call: int, prefetch: int, samplers: int = 1) -> int:
+  """The rate limiter's error buffer, in items, of a table that `samplers` learner processes
+  sample through `prefetched_batches`, each `items_per_call` items per learner call with
+  `prefetch` calls prepared ahead. One rule for embedded runs and distributed programs:
+
+      samplers x (samples_ahead(items_per_call, prefetch) + 2 x items_per_call)
+
+  (`rate_limited_table` raises it to 2 x max(1, samples_per_insert), the least Reverb takes).
+
+  The limiter counts an item as sampled when a sampler takes it, not when the learner trains on
+  it, and each sampler holds up to `samples_ahead` items its learner has not trained on yet. The
+  buffer has room for all of them and two learner calls more, so the limiter never holds back a
+  sampler from a call its learner is owed, even when a resumed run's (or a restarted learner
+  node's) new samplers start while the restored limiter still counts what the old ones held; the
+  two calls are the schedule's (`calls_due`): its first call comes as replay reaches its minimum
+  size, a call ahead of the ratio, and calls are whole. An embedded run needs all of it: one
+  thread inserts and waits for the learner's batches, so a sampler held by the limiter would hold
+  the run. A distributed program's actors insert on their own, so there the rule sets the pace
+  instead: with less room a restarted learner waits until the actors have inserted again what its
+  predecessor had taken, with more the actors and the learner drift further from
+  samples_per_insert before either waits on the other."""
+  return samplers * (samples_ahead(items_per_call, prefetch) + 2 * items_per_call)
 
 
 def make_table(spec: ReplaySpec, signature, error_buffer_items: float, name: str = TABLE) -> reverb.Table:
@@ -229,9 +267,8 @@ def samples_in_flight(num_items: int) -> int:
 
 def samples_ahead(num_items: int, depth: int) -> int:
   """Items `prefetched_batches` can have sampled beyond the calls the learner has made: `depth`
-  prepared calls, the one being prepared, the dataset's batch and its requests in flight. A
-  table's error buffer needs room for them and a call more: a resumed run's sampler starts
-  without them, while the restored rate limiter counts them as sampled."""
+  prepared calls, the one being prepared, the dataset's batch and its requests in flight (what
+  `table_error_buffer` leaves room for)."""
   return (depth + 2) * num_items + samples_in_flight(num_items)
 
 
