@@ -117,3 +117,33 @@ def slurm():
   assert down.returncode == 0, down.stderr
   shutil.rmtree(state, ignore_errors=True)
 
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def resumed_by_writer(tmp_path):
+  """resumed_by_writer(commit, run_dir, steps) -> the summary the code at `commit` (from git)
+  ends with when it resumes a copy of `run_dir` to `steps` here (`launch.train --resume`, its own
+  command). Run directories kept under tests/data are checked against the code that wrote them
+  this way, not against digests recorded once: XLA's CPU kernels round differently on another
+  processor. Skips where git has not that commit."""
+  import json
+  import sys
+
+  def resume(commit: str, run_dir: str, steps: int):
+    folder = tempfile.mkdtemp(prefix=f"writer-{commit[:7]}-", dir=str(tmp_path))
+    code, copy = os.path.join(folder, "code"), os.path.join(folder, "run")
+    archive = subprocess.run(["git", "-C", ROOT, "archive", commit, "jrl", "launch"], capture_output=True)
+    if archive.returncode != 0:
+      pytest.skip(f"the writer's code (commit {commit[:7]}) is not in this checkout's git history")
+    os.makedirs(code)
+    subprocess.run(["tar", "-x", "-C", code], input=archive.stdout, check=True)
+    shutil.copytree(run_dir, copy)
+    out = subprocess.run([sys.executable, "-m", "launch.train", "--resume", copy, "--steps", str(steps),
+                          "--progress_seconds", "0"], cwd=code, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    with open(os.path.join(copy, "summary.json")) as f:
+      return json.load(f)
+  return resume

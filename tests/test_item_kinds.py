@@ -322,26 +322,9 @@ OLD_RUNS_JAX = "0.6.2"
 OLD_RUN_EXTENDED = {"ppo": (4096, 128), "r2d2": (2048, 504), "device-r2d2": (2048, 504)}
 
 
-def the_writers_digest(name: str, steps: int, folder: str) -> str:
-  """The parameters' digest the code that wrote OLD_RUNS/NAME ends with when it resumes it to
-  STEPS here (`launch.train --resume`, its own command); skips where git has not that commit."""
-  code, run_dir = os.path.join(folder, "writer"), os.path.join(folder, "by-writer")
-  os.makedirs(code)
-  archive = subprocess.run(["git", "-C", ROOT, "archive", WRITER, "jrl", "launch"], capture_output=True)
-  if archive.returncode != 0:
-    pytest.skip(f"the writer's code (commit {WRITER[:7]}) is not in this checkout's git history")
-  subprocess.run(["tar", "-x", "-C", code], input=archive.stdout, check=True)
-  shutil.copytree(os.path.join(OLD_RUNS, name), run_dir)
-  out = subprocess.run([sys.executable, "-m", "launch.train", "--resume", run_dir, "--steps", str(steps),
-                        "--progress_seconds", "0"], cwd=code, capture_output=True, text=True, timeout=600)
-  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-  with open(os.path.join(run_dir, "summary.json")) as f:
-    return json.load(f)["params_digest"]
-
-
 @pytest.mark.parametrize("name", [pytest.param("ppo"), pytest.param("r2d2"),
                                   pytest.param("device-r2d2", marks=pytest.mark.needs_gymnax)])
-def test_a_run_directory_written_before_item_kinds_resumes_to_the_same_bytes(name, tmp_path):
+def test_a_run_directory_written_before_item_kinds_resumes_to_the_same_bytes(name, tmp_path, resumed_by_writer):
   """PPO with reward_clip 1 (its checkpoint pickled the actor's clipping adder under its old
   module) and R2D2, embedded and on device: resumed to more steps, they end with the bytes the
   code that wrote them ends with."""
@@ -357,4 +340,4 @@ def test_a_run_directory_written_before_item_kinds_resumes_to_the_same_bytes(nam
   summary = run(exp, cfg)
   assert summary["resumed"] and (summary["actor_steps"], summary["learner_steps"]) == (steps, learner_steps)
   if jax.__version__ == OLD_RUNS_JAX:  # another JAX computes other last bits
-    assert summary["params_digest"] == the_writers_digest(name, steps, str(tmp_path))
+    assert summary["params_digest"] == resumed_by_writer(WRITER, os.path.join(OLD_RUNS, name), steps)["params_digest"]
