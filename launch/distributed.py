@@ -243,9 +243,12 @@ def report_inputs(books: List[Mapping[str, Any]], summary: Mapping[str, Any], sp
 def run_report(run_dir: str, session: nodes.Session, exp: ExperimentConfig, agent_cfg, summary: Dict[str, Any],
                cores: Optional[int], **details: Any):
   """Writes RUN_DIR/report.md from the nodes' books; (verdict, the report's fields, `details` with
-  the report's own added), for `run_core.add_to_summary`."""
+  the report's own added), for `run_core.add_to_summary`. `details["devices"]` (each role's
+  processes' devices, `jrl.accelerators.describe`) is the report's devices line too."""
   spec = build_agent_parts(exp.agent, exp.env, agent_cfg).replay_spec
   node_times, rates, extras = report_inputs(read_node_books(run_dir, session.number), summary, spec)
+  if details.get("devices"):
+    extras = {report.DEVICES: report.devices_text(details["devices"]), **extras}
   title = f"{exp.agent} on {exp.env}, seed {exp.seed}, distributed ({exp.num_actors} actors, " \
           f"inference {exp.inference}): where the time went"
   result, fields = report.write_report(run_dir, node_times, rates, title, extras, REPORT_FILE, cores)

@@ -2,7 +2,8 @@
 
 This host has no GPU: the rule is tested as a pure function (an accelerator host is its platform
 'gpu'), the placement of a real policy on a second forced CPU device in a child process, and the
-bad inputs through launch.train.
+bad inputs through launch.train. A run names where each part ran (summary details["devices"],
+report.md's devices line): a run in this process, and one with a learner of two forced CPU devices.
 """
 
 import json
@@ -173,3 +174,34 @@ def test_actor_device_is_refused_for_a_distributed_run_and_a_device_run():
     ExperimentConfig(backend="device", actor_device="cpu")
   assert with_device_backend.value.field == "actor_device"
   ExperimentConfig(backend="device")  # the default says nothing
+
+
+def test_an_embedded_run_names_the_devices_each_part_ran_on(tmp_path):
+  from jrl.experiment.runner import run
+  exp = ExperimentConfig(agent="dqn", env="CartPole-v1", steps=1_000, deterministic=True, eval_every=1_000,
+                         eval_episodes=2, progress_seconds=0, run_dir=str(tmp_path / "run"))
+  summary = run(exp, dqn.Config(hidden_sizes=(8,), min_replay_size=200))
+  details = summary["details"]
+  assert details["devices"] == {"learner": ["cpu:0"], "actor": ["cpu:0"], "evaluator": ["cpu:0"]}
+  assert details["actor_device"] == "auto"  # the setting; details["devices"]["actor"] is what it picked
+  with open(tmp_path / "run" / "summary.json") as f:
+    assert json.load(f)["details"]["devices"] == details["devices"]
+  report = (tmp_path / "run" / "report.md").read_text()
+  assert "\n## devices\n\nlearner: cpu:0; actor: cpu:0 (--actor_device auto); evaluator: cpu:0\n" in report
+
+
+@pytest.mark.slow  # a launch.train process
+def test_a_learner_over_two_devices_is_named_device_by_device(tmp_path):
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+  run_dir = tmp_path / "run"
+  result = subprocess.run([sys.executable, "-m", "launch.train", "--agent", "dqn", "--env", "CartPole-v1",
+                           "--steps", "1000", "--deterministic", "--learner_devices", "2", "--actor_device", "cpu",
+                           "--min_replay_size", "200", "--eval_episodes", "2", "--progress_seconds", "0",
+                           "--run_dir", str(run_dir)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  details = json.loads((run_dir / "summary.json").read_text())["details"]
+  # The policy and the evaluator act on the process's first device, the learner's mesh spans both.
+  assert details["devices"] == {"learner": ["cpu:0", "cpu:1"], "actor": ["cpu:0"], "evaluator": ["cpu:0"]}
+  assert details["actor_device"] == "cpu"
+  line = "learner: cpu:0, cpu:1; actor: cpu:0 (--actor_device cpu); evaluator: cpu:0"
+  assert line in (run_dir / "report.md").read_text()

@@ -11,7 +11,7 @@ import contextlib
 import functools
 import os
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -487,8 +487,9 @@ def run_device(exp: ExperimentConfig, agent_cfg, chunk_steps: Optional[int] = No
   # The report's compile phase: every second JAX spent tracing, lowering and compiling (its own
   # events: the chunk's, and the set-up's shape checks and small programs), not the chunk's alone.
   driver.compile_seconds = max(driver.compile_seconds, clock.seconds)
-  result, report_fields = write_run_report(core.run_dir, exp, driver, wall)
-  details = {"num_envs": driver.plan.num_envs, "chunk_steps": driver.plan.chunk_steps,
+  devices = {"loop": [report.device_name(d) for d in mesh.devices.flat]}  # acting, learning and evaluating
+  result, report_fields = write_run_report(core.run_dir, exp, driver, wall, devices=devices)
+  details = {"devices": devices, "num_envs": driver.plan.num_envs, "chunk_steps": driver.plan.chunk_steps,
              "compile_seconds": round(driver.compile_seconds, 3), "jax_compile_seconds": round(clock.seconds, 3),
              "chunk_compile_seconds": round(chunk_compile_seconds, 3),
              "setup_seconds": round(setup_seconds, 3), "loop_seconds": round(driver.loop_seconds, 3),
@@ -510,7 +511,7 @@ class SweepShare(NamedTuple):
 
 
 def write_run_report(run_dir: str, exp: ExperimentConfig, driver: DeviceDriver, wall: float,
-                     sweep: Optional[SweepShare] = None):
+                     sweep: Optional[SweepShare] = None, devices: Optional[Mapping[str, Sequence[str]]] = None):
   """RUN_DIR/report.md of a device run, as the other runs write theirs: the host's one thread spent
   its time in the compiled chunks (acting, learning and the evaluations they make), in evaluation
   off the loop (rare: a run resumed at its budget), compiling (this session's programs) and on the
@@ -518,7 +519,8 @@ def write_run_report(run_dir: str, exp: ExperimentConfig, driver: DeviceDriver, 
   summary.json fields).
 
   A run of a vmapped sweep shares that thread with the sweep's other runs (`sweep`): the report
-  charges it all their evaluations off the loop, the sweep's time as this run lived it."""
+  charges it all their evaluations off the loop, the sweep's time as this run lived it. `devices`
+  (role -> device names, its summary's details["devices"]) is the report's devices line."""
   eval_seconds = driver.eval_seconds if sweep is None else sweep.eval_seconds
   phases = {DEVICE_LOOP: driver.loop_seconds, EVAL: eval_seconds, COMPILE: driver.compile_seconds}
   phases[OTHER] = max(wall - sum(phases.values()), 0.0)
@@ -526,8 +528,9 @@ def write_run_report(run_dir: str, exp: ExperimentConfig, driver: DeviceDriver, 
   rates = {"env_steps_per_second": driver.env_steps / loop_seconds,
            "updates_per_second": driver.learner_steps / loop_seconds}
   title = f"{exp.agent} on {exp.env}, seed {exp.seed}, on device: where the time went"
-  extras = {"evaluations": f"{driver.device_evaluations} of this session's evaluations ran inside the compiled "
-                           f"loop ({DEVICE_LOOP}); {EVAL} is the host's own"}
+  extras = {report.DEVICES: report.devices_text(devices)} if devices else {}
+  extras["evaluations"] = (f"{driver.device_evaluations} of this session's evaluations ran inside the compiled "
+                           f"loop ({DEVICE_LOOP}); {EVAL} is the host's own")
   if sweep is not None:
     extras["vmapped sweep"] = (f"{sweep.runs} runs in one program: the loop and compile are theirs together, "
                                f"eval is all runs' evaluations off the loop (this run's: {driver.eval_seconds:.1f} s)")

@@ -99,10 +99,12 @@ def make_actor(exp, parts: AgentParts, agent_cfg, policy: Any, seed: int, sink, 
   agent's item kind's (`ItemKind.make_adder`: n-step folding, reward clipping). With
   `exp.env_groups` > 1 the envs step as that many groups in turn (`GroupedActor`), which
   takes the policy in this process. That policy acts on the device `exp.actor_device` picks for a
-  call on its batch (`policy_device`: an actor node's JAX sees only the CPU)."""
+  call on its batch (`policy_device`: an actor node's JAX sees only the CPU); the actor's
+  `policy_device` names it for the run's summary (None: a `BatchedPolicy`, which acts elsewhere)."""
   from jrl.actors.actor import (Actor, GroupedActor, GroupedPolicy, LocalPolicy,  # the actor shells import jax
                                 policy_device)
   groups = exp.env_groups
+  device = None
   if isinstance(policy, tuple):
     variables, key, policy_timer = policy
     policy_fns = parts.agent.make_policy(parts.networks, agent_cfg)
@@ -114,13 +116,16 @@ def make_actor(exp, parts: AgentParts, agent_cfg, policy: Any, seed: int, sink, 
     else:
       policy = LocalPolicy(policy_fns, variables, key, num_envs=exp.num_envs, timer=policy_timer, device=device)
   if groups == 1:
-    return Actor(envs.make_vector_env(exp.env, exp.num_envs, seed), policy,
-                 adder=parts.replay_spec.make_adder(exp.num_envs), sink=sink, timer=timer,
-                 dispatch_ahead=dispatch_ahead)
-  size = exp.num_envs // groups
-  return GroupedActor([envs.make_vector_env(exp.env, size, seed + g * size) for g in range(groups)], policy,
-                      [parts.replay_spec.make_adder(size) for _ in range(groups)], sink=sink,
-                      timer=timer, dispatch_ahead=dispatch_ahead)
+    actor = Actor(envs.make_vector_env(exp.env, exp.num_envs, seed), policy,
+                  adder=parts.replay_spec.make_adder(exp.num_envs), sink=sink, timer=timer,
+                  dispatch_ahead=dispatch_ahead)
+  else:
+    size = exp.num_envs // groups
+    actor = GroupedActor([envs.make_vector_env(exp.env, size, seed + g * size) for g in range(groups)], policy,
+                         [parts.replay_spec.make_adder(size) for _ in range(groups)], sink=sink,
+                         timer=timer, dispatch_ahead=dispatch_ahead)
+  actor.policy_device = device
+  return actor
 
 
 def reverb_batches(address: str, parts: AgentParts, agent_cfg, exp, batch_size: int, mesh: jax.sharding.Mesh,

@@ -31,6 +31,9 @@ nodes, rates, title, extras, cores=)` with one `NodeTimes` per node (several act
 a role: the verdict sums them into one stage), then merges the returned fields into
 summary.json. Extras such as the inference batch-size
 histogram (a {size: count} mapping becomes a table) or the policy lag go through `extras`.
+
+Every run names the devices of its roles (summary.json `details["devices"]`: role -> device
+names, `device_name`); `devices_text` makes them the report's one-line `devices` extra.
 """
 
 import dataclasses
@@ -192,6 +195,34 @@ def verdict(nodes: Sequence[NodeTimes], cores: Optional[int] = None) -> Verdict:
               "count as busy)")
       advice += f"; {kept}: it is saturated, so more actors or servers will not add throughput here"
   return Verdict(name, bound.name, phase, share, advice)
+
+
+# The extras key of a run's devices (its summary's details["devices"], as `devices_text` writes them).
+DEVICES = "devices"
+
+
+def device_name(device: Any) -> str:
+  """A JAX device as a run's summary names it: '<platform>:<id>' ('cpu:0', 'cuda:0'), a GPU by its
+  platform as `jrl.accelerators` names it ('cuda' or 'rocm', from its client's platform version).
+  Read off the device's attributes: this module imports no JAX."""
+  platform = device.platform
+  if platform == "gpu":
+    version = str(getattr(getattr(device, "client", None), "platform_version", "")).lower()
+    platform = "rocm" if "rocm" in version else "cuda"
+  return f"{platform}:{device.id}"
+
+
+def devices_text(devices: Mapping[str, Sequence[str]], notes: Optional[Mapping[str, str]] = None) -> str:
+  """One line naming each role's devices, e.g. 'learner: cpu:0; actor: cpu:0 (--actor_device auto)'
+  (`notes`: role -> what to add in brackets). A role whose processes all run on one kind of device
+  says so once: 'actor: cpu x8'."""
+  parts = []
+  for role, names in devices.items():
+    names = list(names)
+    text = f"{names[0]} x{len(names)}" if len(names) > 1 and len(set(names)) == 1 else ", ".join(names)
+    note = (notes or {}).get(role)
+    parts.append(f"{role}: {text}" + (f" ({note})" if note else ""))
+  return "; ".join(parts)
 
 
 def _fmt_rate(value: Optional[float]) -> str:

@@ -273,6 +273,16 @@ class EmbeddedDriver:
     self.actor.close()
 
 
+def run_devices(mesh: jax.sharding.Mesh, driver: EmbeddedDriver) -> Dict[str, List[str]]:
+  """role -> the devices it ran on: the learner's mesh, the device the actor's policy acted on
+  (--actor_device's pick, `make_actor`) and where the evaluator's parameters are (the learner's first
+  device: it acts with them)."""
+  params = jax.tree_util.tree_leaves(driver.params())
+  return {"learner": [report.device_name(d) for d in mesh.devices.flat],
+          "actor": [report.device_name(driver.actor.policy_device)],
+          "evaluator": sorted({report.device_name(d) for leaf in params for d in leaf.devices()})}
+
+
 def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
   """Trains `exp.agent` on `exp.env` for `exp.steps` env steps; returns the summary.
 
@@ -313,11 +323,16 @@ def run(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
     nodes.append(prefetch_timer.node("prefetch", "sampler", helper=True))
   rates = session_rates(at_start, driver.counts(), timer.wall(), driver.batch_size, parts.replay_spec)
   rates["setup_seconds"] = loop_started - entered
+  devices = run_devices(mesh, driver)
   result, report_fields = report.write_report(
       core.run_dir, nodes, rates, title=f"{exp.agent} on {exp.env}, seed {exp.seed}: where the time went",
-      extras={"notes": REPORT_NOTES}, file_name=REPORT_FILE)
+      extras={report.DEVICES: report.devices_text(devices, {"actor": f"--actor_device {exp.actor_device}"}),
+              "notes": REPORT_NOTES}, file_name=REPORT_FILE)
   details = {
       "initial_params_digest": driver.initial_digest,
+      # Where each part ran (report.device_name), and the --actor_device setting that picked the actor's.
+      "devices": devices,
+      "actor_device": exp.actor_device,
       # When this session's first and last env steps began and ended (time.time()), and the seconds
       # from the last one to this summary (final evaluation, checkpoint, shutdown).
       "first_step_unix": round(first_step_unix, 3),
