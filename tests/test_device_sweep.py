@@ -77,6 +77,11 @@ def test_a_vmapped_sweep_resumed_from_its_checkpoints_ends_with_the_same_bytes(t
   assert straight[0]["params_digest"] != straight[1]["params_digest"]
   assert all(s["resumed"] and s["actor_steps"] == 2000 and s["kind"] == "device" for s in resumed), resumed
   assert resumed[1]["details"]["vmapped_runs"] == 2 and resumed[1]["details"]["grid_point"] == {}
+  # Chunks of a fixed length (bench/device_host_share.py's same-syncs arms): 2,000 steps in chunks of
+  # 500 are 4 host syncs, and where chunks end changes no bytes.
+  fixed = run_device_sweep(exp, SMALL_DQN, [0, 1], dirs("fixed"), chunk_steps=500)
+  assert [s["params_digest"] for s in fixed] == [s["params_digest"] for s in straight]
+  assert [s["details"]["host_syncs"] for s in fixed] == [4, 4]
   for run_dir in dirs("straight"):
     assert {"config.json", "summary.json", "report.md", "metrics", "policies", "checkpoints",
             "tensorboard", "plots"} <= set(os.listdir(run_dir))

@@ -167,6 +167,7 @@ class VmappedRuns:
     self.next_books, self.next_open_rows = self.eval_books(), self.open_rows()
     self._behind: Optional[Behind] = None
     self.overlapped_seconds = 0.0  # host seconds of the runs' books spent while a chunk ran on the device
+    self.host_syncs = 0  # chunks run: each a dispatch and one transfer of every run's outputs
 
   @property
   def env_steps(self) -> int:
@@ -205,8 +206,12 @@ class VmappedRuns:
     inputs = (put(schedule.inputs), put(self.next_books), put(self.next_open_rows))
     self._host_carry = self._host_params = None
     self.carry, out = self.chunk(self.values, self.carry, *inputs)  # dispatched: it runs while ...
+    self.host_syncs += 1
     behind = self.catch_up(cores)  # ... the other runs take the chunk before (their rows and evaluations)
-    hidden = behind > 0 and not out.iterations.is_ready()  # the device was still busy when they were done
+    # The device was still busy when they were done: the new carry is not all computed yet (its
+    # leaves are the loop's results; an output such as `iterations` may be an input passed through,
+    # ready at once).
+    hidden = behind > 0 and not all(x.is_ready() for x in jax.tree_util.tree_leaves(self.carry))
     if hidden:
       self.overlapped_seconds += behind
     with writing(cores[0].writer):  # the earlier chunks' rows, while this one runs
@@ -381,7 +386,7 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
                "jax_compile_seconds": round(clock.seconds, 3), "setup_seconds": round(setup_seconds, 3),
                "loop_seconds": round(view.loop_seconds, 3), "eval_seconds": round(view.eval_seconds, 3),
                "device_evaluations": view.device_evaluations, "compilation_cache": cache_dir,
-               "overlapped_host_seconds": round(sweep.overlapped_seconds, 3)}
+               "overlapped_host_seconds": round(sweep.overlapped_seconds, 3), "host_syncs": sweep.host_syncs}
     label = point_label(point, ", ")
     summaries.append(core.finish(
         view, final_params, wall, result, report_fields, kind="device", replay="device",
