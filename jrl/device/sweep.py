@@ -128,9 +128,13 @@ class VmappedRuns:
   compiled chunk: every run's steps, learning and evaluations in one call."""
 
   def __init__(self, exp: ExperimentConfig, agent_cfg, env: GymnaxVecEnv, parts, plan, mesh,
-               cores: Sequence[RunCore], points: Sequence[Point]):
+               cores: Sequence[RunCore], points: Sequence[Point], pipelined: Optional[bool] = None):
+    """`pipelined`: the other runs' books take a chunk while the next one runs (`advance`); None:
+    where the mesh is an accelerator's. On a CPU the chunk's arithmetic has every core, and books
+    kept beside it only slow it down: there every run's books take the chunk as it returns."""
     start = time.monotonic()
     self.plan = plan
+    self.pipelined = (mesh.devices.flat[0].platform != "cpu") if pipelined is None else pipelined
     self.loop = loop = DeviceLoop(exp, agent_cfg, env, parts, mesh, plan)  # host-side shapes and schedule
     fields = sorted(points[0])
     loop_at = lambda v: DeviceLoop(exp, _with_traced(agent_cfg, fields, v), env, parts, mesh, plan)
@@ -198,16 +202,22 @@ class VmappedRuns:
   def advance(self, cores: Sequence[RunCore]) -> None:
     """One chunk for every run: one call, one transfer of its reduced outputs. The first run's
     books take the chunk at once (they schedule the next one: every run's marks are the same);
-    the other runs' take it while the next chunk runs (`catch_up`), so the host's work between
-    two chunks does not grow with the runs."""
+    pipelined, the other runs' take it while the next chunk runs (`catch_up`), so the host's work
+    between two chunks does not grow with the runs; else right after the first run's."""
     schedule = self.views[0].schedule(cores[0], self.sizer.next)  # every run's
     chunk_start = time.monotonic()
     put = lambda tree: jax.device_put(tree, self.loop.replicated)
     inputs = (put(schedule.inputs), put(self.next_books), put(self.next_open_rows))
     self._host_carry = self._host_params = None
-    self.carry, out = self.chunk(self.values, self.carry, *inputs)  # dispatched: it runs while ...
     self.host_syncs += 1
-    behind = self.catch_up(cores)  # ... the other runs take the chunk before (their rows and evaluations)
+    if self.pipelined:
+      self.carry, out = self.chunk(self.values, self.carry, *inputs)  # dispatched: it runs while ...
+      behind = self.catch_up(cores)  # ... the other runs take the chunk before (their rows and evaluations)
+    else:
+      # The writer may work from the dispatch on: XLA's CPU client runs some calls in this thread.
+      with writing(cores[0].writer):
+        self.carry, out = self.chunk(self.values, self.carry, *inputs)
+      behind = 0.0
     # The device was still busy when they were done: the new carry is not all computed yet (its
     # leaves are the loop's results; an output such as `iterations` may be an input passed through,
     # ready at once).
@@ -228,6 +238,8 @@ class VmappedRuns:
     began = [core.elapsed() - chunk_wall for core in cores]
     self.views[0].account(cores[0], schedule, _run(out, 0), chunk_wall, began[0], lambda: _run(best_params(), 0))
     self._behind = Behind(schedule, out, best_params, chunk_wall, began)
+    if not self.pipelined:
+      self.catch_up(cores)
 
   def catch_up(self, cores: Sequence[RunCore]) -> float:
     """Every run's books take the last chunk (the first run's have); the seconds it took. After
@@ -316,14 +328,14 @@ def interrupted_at(cores: Sequence[RunCore], views: Sequence[SeedView], signum: 
 
 
 def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run_dirs: Sequence[str],
-                     chunk_steps: Optional[int] = None, points: Optional[Sequence[Point]] = None
-                     ) -> List[Dict[str, Any]]:
+                     chunk_steps: Optional[int] = None, points: Optional[Sequence[Point]] = None,
+                     pipelined: Optional[bool] = None) -> List[Dict[str, Any]]:
   """Trains `exp.agent` on the gymnax env `exp.env` as one program of runs: run k has seed
   `seeds[k]`, hyperparameters `points[k]` (agent config fields; all points name the same fields;
   `check_grid` first) and writes into `run_dirs[k]`. Returns their summaries. `exp.resume` (any
   value) continues each run from its run directory's newest checkpoint. Evaluations, checkpoints
   and the threshold rule are each run's own; the sweep ends when every run has its budget
-  (stop_at_threshold stops no run early: they step together)."""
+  (stop_at_threshold stops no run early: they step together). `pipelined`: `VmappedRuns`'s."""
   load_gymnax()  # the backend's start-up, not the runs'
   start = time.monotonic()
   clock = CompileClock()
@@ -343,7 +355,7 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
     cores.append(RunCore(dataclasses.replace(exp, seed=seed, run_dir=run_dir, resume=resume),
                          dataclasses.replace(agent_cfg, **point), threshold, writer=writer))
     cores[-1].start_clock(at=start)
-  sweep = VmappedRuns(exp, agent_cfg, env, parts, plan, mesh, cores, points)
+  sweep = VmappedRuns(exp, agent_cfg, env, parts, plan, mesh, cores, points, pipelined)
   for core, view, point in zip(cores, sweep.views, points):
     label = f" {point_label(point)}" if point else ""
     core.open(view.env_steps, f"{exp.agent} {exp.env} s{core.exp.seed}{label}")
@@ -386,7 +398,8 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
                "jax_compile_seconds": round(clock.seconds, 3), "setup_seconds": round(setup_seconds, 3),
                "loop_seconds": round(view.loop_seconds, 3), "eval_seconds": round(view.eval_seconds, 3),
                "device_evaluations": view.device_evaluations, "compilation_cache": cache_dir,
-               "overlapped_host_seconds": round(sweep.overlapped_seconds, 3), "host_syncs": sweep.host_syncs}
+               "overlapped_host_seconds": round(sweep.overlapped_seconds, 3), "host_syncs": sweep.host_syncs,
+               "pipelined": sweep.pipelined}
     label = point_label(point, ", ")
     summaries.append(core.finish(
         view, final_params, wall, result, report_fields, kind="device", replay="device",
