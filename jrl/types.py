@@ -88,3 +88,25 @@ class PolicyFns(NamedTuple):
   """
   init: Callable[[PRNGKey, int], Any]
   select_action: Callable[[Params, Array, Array, Any], Tuple[Array, Dict[str, Array], Any]]
+
+
+def as_named(cls: type, saved: Any) -> Any:
+  """A NamedTuple of type `cls` from `saved`: the tuple itself, or a dict of its fields (a NamedTuple
+  as a checkpoint keeps it: `jrl.experiment.checkpoint_formats`)."""
+  return saved if isinstance(saved, cls) else cls(**saved)
+
+
+def rebuild(template: Any, saved: Any) -> Any:
+  """`saved` in the structure of `template` (a pytree of the same structure, its leaves anything):
+  a checkpoint keeps NamedTuples as dicts of their fields and tuples as lists; the leaves of
+  `saved` are taken as they are."""
+  if isinstance(template, tuple) and hasattr(template, "_fields"):
+    fields = saved if isinstance(saved, dict) else saved._asdict()
+    return type(template)(**{f: rebuild(getattr(template, f), fields[f]) for f in template._fields})
+  if isinstance(template, dict):
+    return {k: rebuild(v, saved[k]) for k, v in template.items()}
+  if isinstance(template, (list, tuple)):
+    if len(saved) != len(template):
+      raise ValueError(f"a saved sequence of {len(saved)} entries where {len(template)} are expected")
+    return type(template)(rebuild(t, s) for t, s in zip(template, saved))
+  return saved
