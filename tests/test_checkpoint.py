@@ -5,7 +5,6 @@ import csv
 import glob
 import json
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -80,12 +79,12 @@ def test_checkpointer_is_atomic_verified_and_keeps_the_last_k(tmp_path):
                                         r"64 were written \(truncated\?\)"):
     checkpointer.latest()
   older = checkpointer.all()[0]
-  with open(os.path.join(older, "run_state.pkl"), "r+b") as f:
+  with open(os.path.join(older, "run_state.json"), "r+b") as f:
     f.seek(5)
     byte = f.read(1)
     f.seek(5)
     f.write(bytes([byte[0] ^ 0xFF]))
-  with pytest.raises(ConfigError, match="run_state.pkl does not match its checksum"):
+  with pytest.raises(ConfigError, match="run_state.json does not match its checksum"):
     checkpointer.verify(older)
 
 
@@ -199,13 +198,13 @@ def test_bad_resume_and_run_dir_input_is_one_line_and_changes_nothing(tmp_path):
   damaged = str(tmp_path / "damaged")
   subprocess.run(["cp", "-r", run_dir, damaged], check=True)
   latest = Checkpointer(damaged).latest()
-  with open(os.path.join(latest.path, "run_state.pkl"), "r+b") as f:
+  with open(os.path.join(latest.path, "run_state.json"), "r+b") as f:
     f.truncate(100)
   cases = {
       "missing": (["--resume", str(tmp_path / "nope")], "resume: '{}' does not exist".format(tmp_path / "nope")),
       "not a run": (["--resume", str(tmp_path / "empty")],
                     "resume: '{}' is not a run directory (no config.json)".format(tmp_path / "empty")),
-      "damaged": (["--resume", damaged, "--steps", "4000"], "is damaged: run_state.pkl has 100 bytes"),
+      "damaged": (["--resume", damaged, "--steps", "4000"], "is damaged: run_state.json has 100 bytes"),
       "other agent": (["--resume", run_dir, "--agent", "ppo"],
                       "agent: cannot change when resuming: the run has 'dqn', got 'ppo'"),
       "other env": (["--resume", run_dir, "--env", "Acrobot-v1"],
@@ -230,25 +229,26 @@ def test_bad_resume_and_run_dir_input_is_one_line_and_changes_nothing(tmp_path):
 def _three_checkpoints(run_dir):
   """A run's checkpoints as runs write them (orbax learner state, run state, the seeded replay's
   file, the manifest with the counters), at 1000, 2000 and 3000 env steps."""
-  from jrl.experiment.runner import SEEDED_REPLAY_FILE
+  from jrl.experiment.checkpoint_formats import write
+  from jrl.experiment.runner import SEEDED_REPLAY
   cfg = dqn.Config(hidden_sizes=(8,))
   learner = dqn.make_learner(build_agent_parts("dqn", "CartPole-v1", cfg).networks, cfg)
   states = [learner.init(jax.random.PRNGKey(i)) for i in range(3)]
   checkpointer = Checkpointer(run_dir, keep=3)
   for i, state in enumerate(states, 1):
     def write_replay(folder, i=i):
-      with open(os.path.join(folder, SEEDED_REPLAY_FILE), "wb") as f:
-        pickle.dump({"buffer": np.full(4096, i, np.uint8)}, f)
+      write(folder, SEEDED_REPLAY, {"buffer": np.full(4096, i, np.uint8)})
     checkpointer.save(state, {"learner_steps": 10 * i}, {"actor_steps": 1000 * i}, write_replay)
   return checkpointer, states
 
 
 # Each part of a checkpoint, and the file of it to cut short.
 CHECKPOINT_PARTS = {
-    "run state": "run_state.pkl",
+    "run state": "run_state.json",
+    "run state arrays": "run_state.npz",
     "learner metadata": "learner/_METADATA",
     "learner arrays": "learner/ocdbt.process_0/d/*",  # the largest of orbax's data files
-    "replay": "replay/seeded_buffer.pkl",
+    "replay": "replay/seeded_buffer.npz",
     "manifest (counters)": "manifest.json",
 }
 
@@ -295,14 +295,14 @@ def test_a_resume_whose_newest_checkpoint_is_damaged_continues_from_the_newest_i
 def test_damaged_checkpoints_are_kept_through_pruning_and_never_overwritten(tmp_path, capsys):
   run_dir = str(tmp_path / "run")
   checkpointer, states = _three_checkpoints(run_dir)
-  _truncate(checkpointer.all()[-1], "run_state.pkl")
+  _truncate(checkpointer.all()[-1], "run_state.json")
   _truncate(checkpointer.all()[-2], "replay/*")  # the two newest damaged: back to the first
   capsys.readouterr()
   assert os.path.basename(checkpoint_to_resume(run_dir, steps=10_000).path) == "ckpt-000001"
   err = capsys.readouterr().err
-  assert len(err.splitlines()) == 1 and err.startswith("[resume] checkpoints/ckpt-000003 is damaged: run_state.pkl "
+  assert len(err.splitlines()) == 1 and err.startswith("[resume] checkpoints/ckpt-000003 is damaged: run_state.json "
                                                        "has ") and \
-      "; checkpoints/ckpt-000002 is damaged: replay/seeded_buffer.pkl has " in err and \
+      "; checkpoints/ckpt-000002 is damaged: replay/seeded_buffer.npz has " in err and \
       "continuing from checkpoints/ckpt-000001 at 1000 env steps: 2000 env steps lost" in err, err
   damaged = os.path.join(checkpointer.root, "damaged")
   kept = {name: _files_snapshot(os.path.join(damaged, name)) for name in ("ckpt-000002", "ckpt-000003")}
@@ -312,10 +312,10 @@ def test_damaged_checkpoints_are_kept_through_pruning_and_never_overwritten(tmp_
   assert [os.path.basename(p) for p in checkpointer.all()] == ["ckpt-000003", "ckpt-000004", "ckpt-000005"]
   assert {name: _files_snapshot(os.path.join(damaged, name)) for name in kept} == kept
   # Every checkpoint damaged: refused (no intact one to continue from), nothing moved.
-  for path, part in zip(checkpointer.all(), ("manifest.json", "learner/_METADATA", "run_state.pkl")):
+  for path, part in zip(checkpointer.all(), ("manifest.json", "learner/_METADATA", "run_state.json")):
     _truncate(path, part)
   before = _files_snapshot(run_dir)
-  with pytest.raises(ConfigError, match=r"resume: checkpoint .*ckpt-000005 is damaged: run_state.pkl has \d+ bytes, "
+  with pytest.raises(ConfigError, match=r"resume: checkpoint .*ckpt-000005 is damaged: run_state.json has \d+ bytes, "
                                         r"\d+ were written \(truncated\?\), and the run has no intact checkpoint "
                                         r"before it"):
     checkpoint_to_resume(run_dir, steps=10_000)
@@ -328,10 +328,10 @@ def test_damaged_checkpoints_are_kept_through_pruning_and_never_overwritten(tmp_
 def test_resume_strict_refuses_a_damaged_newest_checkpoint_and_moves_nothing(tmp_path, capsys):
   run_dir = str(tmp_path / "run")
   checkpointer, _ = _three_checkpoints(run_dir)
-  _truncate(checkpointer.all()[-1], "run_state.pkl")
+  _truncate(checkpointer.all()[-1], "run_state.json")
   before = _files_snapshot(run_dir)
   capsys.readouterr()
-  with pytest.raises(ConfigError, match=r"^resume: checkpoint .*ckpt-000003 is damaged: run_state.pkl has \d+ bytes, "
+  with pytest.raises(ConfigError, match=r"^resume: checkpoint .*ckpt-000003 is damaged: run_state.json has \d+ bytes, "
                                         r"\d+ were written \(truncated\?\); without --resume_strict the run "
                                         r"continues from checkpoints/ckpt-000002 at 2000 env steps$"):
     checkpoint_to_resume(run_dir, steps=10_000, strict=True)
@@ -340,7 +340,7 @@ def test_resume_strict_refuses_a_damaged_newest_checkpoint_and_moves_nothing(tmp
 
 @pytest.mark.slow
 def test_a_run_whose_newest_checkpoint_is_cut_short_resumes_from_the_one_before(tmp_path):
-  """As the issue met it: a run's newest run_state.pkl truncated; --resume_strict refuses, a plain
+  """As the issue met it: a run's newest run state truncated; --resume_strict refuses, a plain
   --resume sets the checkpoint aside, says so, and continues from the one before to the same
   bytes as a run never stopped."""
   reference = run(ExperimentConfig(seed=0, steps=4_000, deterministic=True, eval_every=1_000, eval_episodes=3,
@@ -353,7 +353,7 @@ def test_a_run_whose_newest_checkpoint_is_cut_short_resumes_from_the_one_before(
                          cwd=ROOT, text=True, capture_output=True, timeout=300)
   assert first.returncode == 0, first.stderr[-3000:]
   assert [c["actor_steps"] for c in _checkpoint_counters(run_dir)] == [1000, 2000, 3000]
-  cut = _truncate(Checkpointer(run_dir).all()[-1], "run_state.pkl")
+  cut = _truncate(Checkpointer(run_dir).all()[-1], "run_state.json")
 
   resume = [sys.executable, "-m", "launch.train", "--resume", run_dir, "--steps", "4k"]
   before = _files_snapshot(run_dir)

@@ -19,7 +19,7 @@ from jrl.errors import ConfigError
 from jrl.envs import EpisodeStats, EpisodeTracker, final_observations
 from jrl.timing import ENV, INSERT, NULL_TIMER, PARAM_FETCH, POLICY
 from jrl.specs import env_action, observation_dtype
-from jrl.types import PolicyFns, PRNGKey, Transition
+from jrl.types import PolicyFns, PRNGKey, Transition, rebuild
 
 
 class BatchedPolicy(Protocol):
@@ -101,7 +101,9 @@ class LocalPolicy:
     return jax.device_get(self._state)
 
   def restore(self, state: Any) -> None:
-    self._state = jax.device_put(state, self._device)
+    """Continues from `state()`, or from it as a checkpoint keeps it (`jrl.types.rebuild`)."""
+    template = self._state if self._state is not None else jax.eval_shape(lambda k: self._init(k, 1), self._key)
+    self._state = jax.device_put(rebuild(template, state), self._device)
 
 
 class Actor:
@@ -180,10 +182,10 @@ class Actor:
     self._adder = adder
 
   def state(self) -> Dict[str, Any]:
-    """Everything needed to continue exactly from here: observations, episode
-    statistics, the adder's partial windows, the policy state and, where the
-    envs can be pickled, the envs themselves (classic control can; envs holding
-    simulators or windows may not)."""
+    """Everything needed to continue exactly from here, as data: observations, episode
+    statistics, the adder's partial windows (its `state()`), the policy state and, where the
+    envs can be pickled, the envs themselves as the bytes of their pickle (classic control can;
+    envs holding simulators or windows may not, and gymnasium has no state-as-data API)."""
     try:
       env_bytes = pickle.dumps(self._env.envs, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # noqa: BLE001 - any env that refuses pickling is restarted instead
@@ -191,22 +193,25 @@ class Actor:
     policy_state = self.policy.state() if hasattr(self.policy, "state") else None
     return {"obs": self._obs, "is_first": self._is_first, "env_steps": self.env_steps,
             "tracker": self._tracker.state(),
-            "adder": pickle.dumps(self._adder), "envs": env_bytes, "policy": policy_state,
+            "adder": self._adder.state() if self._adder is not None else None, "envs": env_bytes,
+            "policy": policy_state,
             "ahead": jax.device_get(self._ahead)}  # actions asked for ahead: the policy state is past them
 
   def restore(self, state: Dict[str, Any], reset_seed: int) -> bool:
-    """Continues from `state()`; returns False when the envs could not be restored and
-    were reset with `reset_seed` instead (episodes in progress are dropped)."""
+    """Continues from `state()` (or from it as a checkpoint keeps it: tuples as lists); returns
+    False when the envs could not be restored and were reset with `reset_seed` instead (episodes
+    in progress are dropped)."""
     self.env_steps = state["env_steps"]
     if state["policy"] is not None and hasattr(self.policy, "restore"):
       self.policy.restore(state["policy"])
     if state["envs"] is not None:
       self._env.envs = pickle.loads(state["envs"])
       self._obs = state["obs"]
-      self._is_first = state.get("is_first", np.zeros(self.num_envs, bool))
+      self._is_first = state["is_first"]
       self._tracker.restore(state["tracker"])
-      self._adder = pickle.loads(state["adder"])
-      self._ahead = state.get("ahead")
+      if self._adder is not None:
+        self._adder.restore(state["adder"])
+      self._ahead = state["ahead"]
       return True
     obs, _ = self._env.reset(seed=reset_seed)
     self._obs = np.asarray(obs, self._obs_dtype)
@@ -270,7 +275,8 @@ class GroupedPolicy:
     return jax.device_get(self._state)
 
   def restore(self, state: Any) -> None:
-    self._state = jax.device_put(state, self._device)
+    """Continues from `state()`, or from it as a checkpoint keeps it (`jrl.types.rebuild`)."""
+    self._state = jax.device_put(rebuild(self._state, state), self._device)
 
 
 class _PolicyGroup:

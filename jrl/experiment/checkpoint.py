@@ -1,11 +1,21 @@
 """Checkpoints of a run: learner state (orbax), run state and replay contents.
 
-Layout of one checkpoint, `RUN_DIR/checkpoints/ckpt-<index>/`:
+Layout of one checkpoint, `RUN_DIR/checkpoints/ckpt-<index>/` (format 2):
 
-  learner/        the learner's training state, orbax StandardCheckpointer
-  run_state.pkl   counters, evaluation history, actor/env/adder state, RNGs
-  replay/         replay contents (the seeded buffer's pickle, or Reverb's own checkpoint)
-  manifest.json   size and sha256 of every file above, and the counters
+  learner/         the learner's training state, orbax StandardCheckpointer
+  run_state.json   counters, evaluation history, actor/adder/policy state, RNGs, the metric logs'
+  run_state.npz    positions: data only, the tree in the .json and its arrays in the .npz
+  replay/          replay contents: the seeded buffer's (seeded_buffer.json and .npz, data as the
+                   run state), or Reverb's own checkpoint
+  manifest.json    the format, size and sha256 of every file above, and the counters
+
+The run state and the seeded buffer are data (`jrl.experiment.checkpoint_formats`: arrays and plain
+values, readable with json and numpy alone), with one exception: gymnasium envs have no
+state-as-data API, so the actor keeps its envs as the bytes of their pickle (a uint8 array in the
+.npz; None for envs that refuse it). That is the only pickle left, and only of the envs themselves.
+`read_run_state` and `read_replay_state` read by the manifest's format: format 2 as written, and
+format 1 (run_state.pkl and replay/seeded_buffer.pkl, pickles of live objects) through the one
+converter, `checkpoint_formats.from_format_1`; a resumed format-1 run writes format 2 from then on.
 
 A checkpoint is written into `checkpoints/.staging-<index>/` and renamed into
 place once complete (a directory rename is atomic), so a kill at any instant
@@ -20,7 +30,6 @@ again nor pruned; `--resume_strict` refuses instead (`checkpoint_to_resume`).
 import contextlib
 import hashlib
 import os
-import pickle
 import re
 import shutil
 import sys
@@ -28,12 +37,14 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 from jrl.errors import ConfigError
+from jrl.experiment import checkpoint_formats
 from jrl.experiment.files import CHECKPOINTS_DIR, fsync_dir, read_json, write_json
 
-FORMAT = 1
+FORMAT = 2  # what `save` writes
+READS = (1, 2)  # the formats a checkpoint may have to be resumed (`verify`)
 _NAME = re.compile(r"^ckpt-(\d+)$")
 MANIFEST = "manifest.json"
-RUN_STATE = "run_state.pkl"
+RUN_STATE = "run_state"  # run_state.json and .npz (format 1: run_state.pkl)
 LEARNER = "learner"
 REPLAY = "replay"
 DAMAGED = "damaged"  # under checkpoints/: damaged checkpoints a resume set aside
@@ -208,8 +219,7 @@ class Checkpointer:
         checkpointer.wait_until_finished()
       finally:
         checkpointer.close()
-    with open(os.path.join(staging, RUN_STATE), "wb") as f:
-      pickle.dump(run_state, f, protocol=pickle.HIGHEST_PROTOCOL)
+    checkpoint_formats.write(staging, RUN_STATE, run_state)
     if write_replay is not None:
       os.makedirs(os.path.join(staging, REPLAY))
       write_replay(os.path.join(staging, REPLAY))
@@ -285,8 +295,9 @@ class Checkpointer:
         raise ValueError("not a manifest")
     except (OSError, ValueError) as e:
       raise DamagedCheckpoint(path, f"unreadable {MANIFEST} ({e.__class__.__name__})") from None
-    if manifest.get("format") != FORMAT:
-      raise ConfigError("resume", f"checkpoint {name} has format {manifest.get('format')}, expected {FORMAT}")
+    if manifest.get("format") not in READS:
+      raise ConfigError("resume", f"checkpoint {name} has format {manifest.get('format')}, this jrl reads formats "
+                                  f"{' and '.join(map(str, READS))}")
     for rel, expected in manifest["files"].items():
       full = os.path.join(path, rel)
       if not os.path.isfile(full):
@@ -309,12 +320,25 @@ class Checkpointer:
 
   @staticmethod
   def read_run_state(info: CheckpointInfo) -> Dict[str, Any]:
-    with open(os.path.join(info.path, RUN_STATE), "rb") as f:
-      return pickle.load(f)
+    """The run state, as data (`checkpoint_formats`), from a checkpoint of any format `verify` accepts."""
+    return _read(info, info.path, RUN_STATE)
+
+  @staticmethod
+  def read_replay_state(info: CheckpointInfo, name: str) -> Any:
+    """The replay contents a run saved as data under `name` in replay/ (the seeded buffer's)."""
+    return _read(info, os.path.join(info.path, REPLAY), name)
 
   @staticmethod
   def replay_dir(info: CheckpointInfo) -> str:
     return os.path.join(info.path, REPLAY)
+
+
+def _read(info: CheckpointInfo, folder: str, name: str) -> Any:
+  """The data saved as `name` in `folder` of checkpoint `info`, by its format: 2 as written; 1 (NAME.pkl)
+  through the converter."""
+  if info.manifest["format"] == 1:
+    return checkpoint_formats.from_format_1(os.path.join(folder, f"{name}.pkl"))
+  return checkpoint_formats.read(folder, name)
 
 
 def describe_latest(run_dir: str) -> Optional[str]:

@@ -152,8 +152,9 @@ class Driver(Protocol):
     """Greedy episode returns of `params`, and the evaluation's index (its episodes' seeds)."""
 
   def checkpoint(self, books: Dict[str, Any]) -> Any:
-    """(learner state or None, the run state to pickle with `books` in it, the replay writer or None);
-    or a `WrittenCheckpoint` where the driver wrote it itself (with `books` in it)."""
+    """(learner state or None, the run state with `books` in it, as data (`checkpoint_formats`),
+    the replay writer or None); or a `WrittenCheckpoint` where the driver wrote it itself (with
+    `books` in it)."""
 
   def close(self) -> None: ...
 

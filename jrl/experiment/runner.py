@@ -12,7 +12,6 @@ run that is resumed ends with the same bytes as one that was never stopped.
 """
 
 import os
-import pickle
 import shutil
 import tempfile
 import time
@@ -26,7 +25,8 @@ from jrl.actors.evaluator import Evaluator
 from jrl.actors.variables import VariableClient
 from jrl.experiment import plots, report
 from jrl.experiment.builder import build_acting_parts, example_item, make_actor, reverb_batches, success_threshold
-from jrl.experiment.checkpoint import Checkpointer
+from jrl.experiment.checkpoint import CheckpointInfo, Checkpointer
+from jrl.experiment.checkpoint_formats import write as write_data
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import CHECKPOINTS_DIR, REPORT_FILE, REVERB_REPLAY_DIR
 from jrl.experiment.run_core import RunCore
@@ -47,7 +47,7 @@ REPORT_NOTES = (
     "own thread: its `sample` includes waits on Reverb's rate limiter, its `queue_wait` is time "
     "with batches ready and nobody taking them. samples_per_insert counts transitions inserted "
     "once replay holds min_replay_size of them, as the rate limiter does.")
-SEEDED_REPLAY_FILE = "seeded_buffer.pkl"
+SEEDED_REPLAY = "seeded_buffer"  # replay/seeded_buffer.json and .npz (jrl.experiment.checkpoint_formats)
 
 
 class Replay(NamedTuple):
@@ -61,10 +61,10 @@ class Replay(NamedTuple):
 
 
 def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: jax.sharding.Mesh,
-                run_dir: str, restore_from: Optional[str] = None,
+                run_dir: str, restore_from: Optional[CheckpointInfo] = None,
                 timer: Optional[PhaseTimer] = None) -> Replay:
   """The seeded buffer (`exp.deterministic`) or an in-process Reverb server; with
-  `restore_from` (a checkpoint's replay folder) it starts with the saved contents.
+  `restore_from` (a checkpoint) it starts with the contents saved there.
 
   `timer` times the sampling: the caller's own timer for the seeded buffer (batches are
   drawn in the caller's thread), the prefetch thread's timer for Reverb."""
@@ -79,8 +79,7 @@ def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: 
     assemble_batch = make_assembler(spec, updates, batch_size, rng)
     buffer = SeededReplayBuffer(spec, seed=replay_seed)
     if restore_from is not None:
-      with open(os.path.join(restore_from, SEEDED_REPLAY_FILE), "rb") as f:
-        saved = pickle.load(f)
+      saved = Checkpointer.read_replay_state(restore_from, SEEDED_REPLAY)
       buffer.restore(saved["buffer"])
       rng.bit_generator.state = saved["assembler_rng"]
 
@@ -94,9 +93,7 @@ def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: 
         yield prepared
 
     def save(folder: str) -> None:
-      with open(os.path.join(folder, SEEDED_REPLAY_FILE), "wb") as f:
-        pickle.dump({"buffer": buffer.state(), "assembler_rng": rng.bit_generator.state}, f,
-                    protocol=pickle.HIGHEST_PROTOCOL)
+      write_data(folder, SEEDED_REPLAY, {"buffer": buffer.state(), "assembler_rng": rng.bit_generator.state})
 
     return Replay(buffer, synchronous_batches(), buffer.update_priorities, lambda: None, "seeded", save,
                   lambda: buffer.size)
@@ -106,7 +103,7 @@ def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: 
   # Reverb writes its checkpoints here; each is then moved into the run's checkpoint.
   os.makedirs(os.path.join(run_dir, CHECKPOINTS_DIR), exist_ok=True)
   scratch = tempfile.mkdtemp(prefix=".reverb-", dir=os.path.join(run_dir, CHECKPOINTS_DIR))
-  fallback = os.path.join(restore_from, REVERB_REPLAY_DIR) if restore_from is not None else None
+  fallback = os.path.join(Checkpointer.replay_dir(restore_from), REVERB_REPLAY_DIR) if restore_from is not None else None
   tables = reverb_replay.replay_tables(spec, example_item(parts, agent_cfg), exp.updates_per_call, batch_size,
                                        exp.prefetch)
   server = reverb_replay.start_server(tables, checkpoint_dir=scratch, restore_from=fallback)
@@ -166,7 +163,7 @@ class EmbeddedDriver:
     # actor `process_id` of the run (several processes share one learner).
     self.batch_size = agent_cfg.batch_size // jax.process_count()
     self.replay = make_replay(parts, agent_cfg, exp, self.batch_size, mesh, core.run_dir,
-                              restore_from=Checkpointer.replay_dir(resume_info) if resume_info else None,
+                              restore_from=resume_info,
                               timer=timer if exp.deterministic else prefetch_timer)
     agent, networks = parts.agent, parts.networks
     self.learner = Learner(agent.make_learner(networks, agent_cfg), seeding.node_key(exp.seed, "learner"),

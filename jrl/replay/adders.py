@@ -4,7 +4,8 @@ Pure numpy and independent of the replay backend: `NStepTransitionAdder`
 emits transitions, `SequenceAdder` trajectories, `RewardClipAdder` clips rewards
 before either sees them, and `BlockWriter` groups rows into fixed-size items for any
 writer with `insert(block, priority)`. Which of them a run uses is its item kind's
-choice (`jrl.replay.kinds`).
+choice (`jrl.replay.kinds`). What they hold between steps, `state()`, is data (arrays and plain
+values, as a checkpoint keeps it); `restore(state)` continues from it.
 """
 
 from typing import Any, Dict, List, Optional, Protocol
@@ -13,7 +14,7 @@ import jax
 import numpy as np
 
 from jrl.replay.frames import FramedRows
-from jrl.types import Trajectory, Transition
+from jrl.types import Trajectory, Transition, as_named
 
 
 def _concat(parts: List[Any]) -> Any:
@@ -111,8 +112,16 @@ class NStepTransitionAdder:
       self._all_full = False
     return transitions
 
-  def __setstate__(self, state):  # also adders pickled (in checkpoints) before the fast paths
-    self.__dict__.update(state)
+  def state(self) -> Dict[str, Any]:
+    """The open windows, as data: steps in each env's window [E], and the last n steps' observations
+    [n, E, ...], actions [n, E, ...] and rewards [n, E], oldest first (None before the first step)."""
+    copy = lambda x: None if x is None else x.copy()
+    return {"count": self._count.copy(), "obs": copy(self._obs), "act": copy(self._act), "rew": self._rew.copy()}
+
+  def restore(self, state: Dict[str, Any]) -> None:
+    """Continues from `state()` (an adder made with the same arguments)."""
+    copy = lambda x: None if x is None else np.array(x)
+    self._count, self._obs, self._act, self._rew = (copy(state[k]) for k in ("count", "obs", "act", "rew"))
     self._set_tables()
 
   def _set_tables(self) -> None:
@@ -161,6 +170,14 @@ class SequenceAdder:
     self._steps = []
     return sequences
 
+  def state(self) -> Dict[str, Any]:
+    """The steps of the sequences under way, as data."""
+    return {"steps": list(self._steps)}
+
+  def restore(self, state: Dict[str, Any]) -> None:
+    """Continues from `state()`."""
+    self._steps = [as_named(Trajectory, step) for step in state["steps"]]
+
 
 class ItemWriter(Protocol):
   """Where items go: the seeded buffer, or Reverb. With frame sharing (`ReplaySpec.frame_stack`)
@@ -174,8 +191,10 @@ class BlockWriter:
   """Stages rows (transitions, or whole sequences) and writes them as items of
   exactly `block_size` rows; a block of one sequence is written as that sequence."""
 
-  def __init__(self, writer: ItemWriter, block_size: int, initial_priority: float = 1.0, squeeze: bool = False):
+  def __init__(self, writer: ItemWriter, block_size: int, initial_priority: float = 1.0, squeeze: bool = False,
+               row_type: Optional[type] = None):
     self._writer = writer
+    self._row_type = row_type  # the NamedTuple of the rows staged: `restore` rebuilds them as such
     self._block_size = block_size
     self._priority = initial_priority
     self._squeeze = squeeze  # items are single rows: write row i, not rows [i:i+1]
@@ -214,10 +233,12 @@ class BlockWriter:
     self._staged, self._num_staged = [], 0
 
   def state(self) -> Dict[str, Any]:
-    return {"staged": self._staged, "num_staged": self._num_staged, "written": self.transitions_written}
+    """The rows waiting for a full block and the counts, as data."""
+    return {"staged": list(self._staged), "num_staged": self._num_staged, "written": self.transitions_written}
 
   def restore(self, state: Dict[str, Any]) -> None:
-    self._staged, self._num_staged = list(state["staged"]), state["num_staged"]
+    rows = lambda saved: as_named(self._row_type, saved) if self._row_type is not None else saved
+    self._staged, self._num_staged = [rows(saved) for saved in state["staged"]], state["num_staged"]
     self.transitions_written = state["written"]
 
 
@@ -230,6 +251,13 @@ class RewardClipAdder:
 
   def add(self, obs, action, reward, *rest, **kwargs):
     return self.adder.add(obs, action, np.clip(reward, -self.bound, self.bound).astype(np.float32), *rest, **kwargs)
+
+  def state(self) -> Any:
+    """The wrapped adder's (clipping keeps nothing)."""
+    return self.adder.state()
+
+  def restore(self, state: Any) -> None:
+    self.adder.restore(state)
 
 
 def make_block_writer(spec, writer: ItemWriter) -> BlockWriter:

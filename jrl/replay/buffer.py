@@ -15,6 +15,7 @@ import numpy as np
 from jrl.replay import frames
 from jrl.replay.batches import SampledItems
 from jrl.replay.spec import ReplaySpec
+from jrl.types import as_named
 
 
 class SeededReplayBuffer:
@@ -92,14 +93,23 @@ class SeededReplayBuffer:
     return SampledItems(keys.astype(np.uint64), np.ones(num_items), available, data)
 
   def state(self) -> Dict[str, Any]:
-    """Contents, counters and the sampling RNG: a restored buffer samples what this one would."""
-    return {k: v for k, v in vars(self).items() if k not in ("_spec", "_queue")}
+    """Contents, counters and the sampling RNG's state, as data (the items as the item kind's rows,
+    leaves [capacity, ...]; None before the first): a restored buffer samples what this one would."""
+    return {"_capacity": self._capacity, "_rng": self._rng.bit_generator.state, "_storage": self._storage,
+            "_priorities": self._priorities, "_inserted": self._inserted, "_consumed": self._consumed,
+            "_frames": self._frames.state() if self._frames is not None else None}
 
   def restore(self, state: Dict[str, Any]) -> None:
-    if (self._frames is None) != (state.get("_frames") is None):
+    if (self._frames is None) != (state["_frames"] is None):
       raise ValueError("the saved replay and this run disagree on frame sharing (ReplaySpec.frame_stack): "
                        "a checkpoint of an Atari run written before frame sharing cannot be resumed")
-    vars(self).update(state)
+    row_type, storage = self._spec.kind.row_type, state["_storage"]
+    self._storage = as_named(row_type, storage) if storage is not None and row_type is not None else storage
+    self._capacity, self._priorities = state["_capacity"], state["_priorities"]
+    self._inserted, self._consumed = state["_inserted"], state["_consumed"]
+    self._rng.bit_generator.state = state["_rng"]
+    if self._frames is not None:
+      self._frames.restore(state["_frames"])
 
   def update_priorities(self, priorities: Dict[int, float]) -> None:
     oldest = self._inserted - self.size

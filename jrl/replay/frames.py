@@ -134,6 +134,15 @@ class FrameEncoder:
       return ids, np.zeros(0, np.int64), np.zeros((0,) + frame_shape, stacks.dtype)
     return ids, np.concatenate(new_ids), np.ascontiguousarray(np.concatenate(new_frames))
 
+  def state(self) -> Dict[str, Any]:
+    """The next id, each env's last stack [E, ..., K] and its ids [E, K] (None before the first), as data."""
+    copy = lambda x: None if x is None else x.copy()
+    return {"next": self._next, "last": copy(self._last), "ids": copy(self._ids)}
+
+  def restore(self, state: Dict[str, Any]) -> None:
+    copy = lambda x: None if x is None else np.array(x)
+    self._next, self._last, self._ids = int(state["next"]), copy(state["last"]), copy(state["ids"])
+
 
 class FramedRows(NamedTuple):
   """What a `FrameSharingAdder` emits for one step: the wrapped adder's rows (frame fields as
@@ -158,6 +167,13 @@ class FrameSharingAdder:
       ids, frames = (next_new, next_frames) if not len(ids) else (np.concatenate([ids, next_new]),
                                                                   np.concatenate([frames, next_frames]))
     return FramedRows(rows, ids, frames)
+
+  def state(self) -> Dict[str, Any]:
+    return {"adder": self.adder.state(), "encoder": self.encoder.state()}
+
+  def restore(self, state: Dict[str, Any]) -> None:
+    self.adder.restore(state["adder"])
+    self.encoder.restore(state["encoder"])
 
 
 class FrameStore:
@@ -235,6 +251,25 @@ class FrameStore:
   def decode(self, numbers: np.ndarray) -> np.ndarray:
     """Stacks [..., *frame, K] of arrival numbers [..., K]."""
     return stack_frames(self._frames[numbers % self._capacity], numbers.ndim - 1)
+
+  def state(self) -> Dict[str, Any]:
+    """The ring (frames [capacity, ...] and their ids [capacity], None before the first), the frames
+    added, and the items' smallest numbers held [N, 2] (item index, number), as data."""
+    held = np.asarray(list(self._held), np.int64).reshape(-1, 2)
+    return {"capacity": self._capacity, "frames": self._frames, "ids": self._ids, "arrived": self._arrived,
+            "held": held}
+
+  def restore(self, state: Dict[str, Any]) -> None:
+    self._capacity, self._frames, self._ids = int(state["capacity"]), state["frames"], state["ids"]
+    self._arrived = int(state["arrived"])
+    self._held = collections.deque((int(i), int(n)) for i, n in np.asarray(state["held"]).reshape(-1, 2).tolist())
+    # Id -> number of the frames in the ring: those of the last `capacity` numbers whose slot holds
+    # them (-1: a slot a growth left empty, whose frame had been overwritten before).
+    self._number_of = {}
+    if self._ids is not None:
+      numbers = np.arange(max(0, self._arrived - self._capacity), self._arrived)
+      ids = self._ids[numbers % self._capacity]
+      self._number_of = dict(zip(ids[ids >= 0].tolist(), numbers[ids >= 0].tolist()))
 
 
 def encode_item(block: Any, store: FrameStore) -> Tuple[Any, np.ndarray]:

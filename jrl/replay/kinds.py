@@ -34,7 +34,8 @@ from jrl.errors import ConfigError, require_non_negative, require_positive, requ
 from jrl.replay import on_device
 from jrl.replay.adders import BlockWriter, NStepTransitionAdder, RewardClipAdder, SequenceAdder
 from jrl.replay.batches import assemble, assemble_sequence_batches, items_per_call
-from jrl.replay.sequence_adder import START_STATE_KEY, OverlappingSequenceAdder, example_sequence
+from jrl.replay.sequence_adder import (START_STATE_KEY, OverlappingSequenceAdder, RecurrentSequence,
+                                      example_sequence)
 from jrl.types import Trajectory, Transition
 
 Extras = Callable[[], Dict[str, Any]]  # zeros (or shapes) of what the policy reports per env step
@@ -55,6 +56,7 @@ class ItemKind:
   reward_clip: float = 0.0  # each step's reward clipped to [-c, c] before it is stored (1 for Atari); 0: off
 
   sampled_once: ClassVar[bool] = False  # items leave replay as they are sampled, oldest first (a queue)
+  row_type: ClassVar[Optional[type]] = None  # the NamedTuple of its rows: restored checkpoints rebuild them as such
 
   def __post_init__(self):
     if self.reward_clip < 0:
@@ -74,7 +76,7 @@ class ItemKind:
 
   def make_block_writer(self, spec, writer) -> BlockWriter:
     """Rows into items for `writer.insert(item, priority)`: one sequence per item."""
-    return BlockWriter(writer, 1, squeeze=True)
+    return BlockWriter(writer, 1, squeeze=True, row_type=self.row_type)
 
   def example_row(self, step: Transition, extras: Extras) -> Any:
     """Zeros shaped like one row, from one env step's (unbatched `step`, and `extras()`)."""
@@ -205,6 +207,8 @@ class Transitions(ItemKind):
   n_step: int = 1          # rewards summed before bootstrapping
   discount: float = 0.99   # gamma
 
+  row_type: ClassVar[type] = Transition
+
   def __post_init__(self):
     require_positive(self, "n_step")
     require_unit_interval(self, "discount")
@@ -217,7 +221,7 @@ class Transitions(ItemKind):
     return self.n_step
 
   def make_block_writer(self, spec, writer) -> BlockWriter:
-    return BlockWriter(writer, spec.block_size)
+    return BlockWriter(writer, spec.block_size, row_type=self.row_type)
 
   def example_row(self, step: Transition, extras: Extras) -> Transition:
     return step
@@ -258,6 +262,7 @@ class TrajectoryQueue(ItemKind):
   sequence_length: int     # steps per trajectory
 
   sampled_once: ClassVar[bool] = True
+  row_type: ClassVar[type] = Trajectory
 
   def __post_init__(self):
     require_positive(self, "sequence_length")
@@ -338,6 +343,8 @@ class ReplayedSequences(ItemKind):
   sequence_length: int     # steps per sequence
   sequence_period: int     # steps between the starts of consecutive sequences (overlap = length - period)
   burn_in: int = 0         # leading steps that only warm the core up
+
+  row_type: ClassVar[type] = RecurrentSequence
 
   def __post_init__(self):
     require_positive(self, "sequence_length", "sequence_period")

@@ -6,7 +6,7 @@ schedule of updates, in this process.
     replay.add(obs, action, reward, terminated, truncated, next_obs, info)
     while replay.updates_due() >= U:
       state, metrics = update_many(state, replay.sample(U))   # leaves [U, B, ...]
-    saved = replay.state()                                      # picklable; replay.restore(saved) goes on
+    saved = replay.state()                                      # data; replay.restore(saved) goes on
 
 `calls_due` is the rule that schedules learner calls, shared with the embedded runner.
 """
@@ -125,18 +125,19 @@ class LocalReplay:
     return prepared.batch
 
   def state(self) -> Dict[str, Any]:
-    """A copy of everything this replay would go on from (picklable): the buffer's contents and
-    sampling RNG, the batch RNG, the adder's open windows, the partial block and the updates
-    sampled. `restore` on a LocalReplay made with the same arguments continues exactly."""
+    """A copy of everything this replay would go on from, as data (arrays and plain values: a
+    checkpoint's run state keeps such data): the buffer's contents and sampling RNG, the batch RNG,
+    the adder's open windows, the partial block and the updates sampled. `restore` on a
+    LocalReplay made with the same arguments continues exactly."""
     return copy.deepcopy({"buffer": self._buffer.state(), "rng": self._rng.bit_generator.state,
-                          "adder": self._adder, "writer": self._writer.state(),
+                          "adder": self._adder.state(), "writer": self._writer.state(),
                           "updates_sampled": self.updates_sampled})
 
   def restore(self, state: Dict[str, Any]) -> None:
     state = copy.deepcopy(state)
     self._buffer.restore(state["buffer"])
     self._rng.bit_generator.state = state["rng"]
-    self._adder = state["adder"]
+    self._adder.restore(state["adder"])
     self._writer.restore(state["writer"])
     self.updates_sampled = state["updates_sampled"]
     self._last = None

@@ -5,7 +5,7 @@ Pure numpy and independent of the replay backend, like `jrl.replay.adders`.
 """
 
 import collections
-from typing import Dict, NamedTuple, Optional
+from typing import Any, Dict, NamedTuple, Optional
 
 import jax.numpy as jnp
 import numpy as np
@@ -81,6 +81,16 @@ class OverlappingSequenceAdder:
       return self._empty()
     fields = [np.stack(xs, axis=1) for xs in zip(*self._steps)]  # [E, T, ...]
     return RecurrentSequence(*fields[:6], start_state=fields[6][:, 0])
+
+  def state(self) -> Dict[str, Any]:
+    """The last `length` steps (each: observation, action, reward, discount, end of episode, next
+    observation, start state, [E, ...]) and the vector steps added, as data."""
+    return {"steps": list(self._steps), "count": self._count}
+
+  def restore(self, state: Dict[str, Any]) -> None:
+    """Continues from `state()` (an adder made with the same arguments)."""
+    self._steps = collections.deque((tuple(step) for step in state["steps"]), maxlen=self._length)
+    self._count = state["count"]
 
   def _empty(self) -> RecurrentSequence:
     first = self._steps[0]
