@@ -31,7 +31,7 @@ from jrl.experiment.builder import build_agent_parts, example_transition  # noqa
 from jrl.experiment.checkpoint import Checkpointer  # noqa: E402
 from jrl.replay.adders import make_block_writer  # noqa: E402
 from jrl.experiment.config import ExperimentConfig  # noqa: E402
-from jrl.experiment.runner import make_replay, run  # noqa: E402
+from jrl.run.embedded import make_replay, run  # noqa: E402
 from jrl.learners import sharding  # noqa: E402
 from jrl.types import Transition  # noqa: E402
 

@@ -40,7 +40,7 @@ def child(spec: dict) -> None:
   """One sweep in this process with fixed chunks (`spec`: agent, env, seeds, steps, chunk_steps, folder)."""
   from jrl.agents import get_agent
   from jrl.experiment.config import ExperimentConfig
-  from jrl.device.sweep import run_device_sweep
+  from jrl.run.device.sweep import run_device_sweep
   exp = ExperimentConfig(agent=spec["agent"], env=spec["env"], backend="device", steps=spec["steps"],
                          progress_seconds=30)
   seeds = list(range(spec["seeds"]))

@@ -40,7 +40,7 @@ def run_one(kind: str, args, out_path: str) -> None:
   import rlax, distrax  # noqa: F401,E401 - before TensorFlow (reverb), as the test suite does
   import jax
   from jrl.agents import ppo
-  from jrl.device.runner import CompileClock, run_device
+  from jrl.run.device.runner import CompileClock, run_device
   from jrl.experiment.config import ExperimentConfig
 
   run_dir = tempfile.mkdtemp(prefix=f"bench-{kind}-")
@@ -55,7 +55,7 @@ def run_one(kind: str, args, out_path: str) -> None:
     summary = run_device(exp, ppo.Config(**device_agent_args(args.device_envs)))
     loop_start.append(t0 + summary["details"]["setup_seconds"])  # its loop compiles nothing (ahead of time)
   else:
-    from jrl.experiment import runner
+    from jrl.run import embedded as runner
 
     class MarkLoopStart(runner.CheckpointSchedule):  # made right before the runner's loop clock starts
       def __init__(self, *a, **k):

@@ -3,7 +3,7 @@
     .venv/bin/python -m examples.device_run [--agent ppo] [--steps 200000] [--run_dir runs/device-ppo]
 
 The same agent code as the host backend, on a gymnax env: acting, replay and learning are one
-jitted loop (`jrl.device`), and the host only logs, evaluates and checkpoints between chunks.
+jitted loop (`jrl.run.device`), and the host only logs, evaluates and checkpoints between chunks.
 The run directory holds what every run writes (config, metrics, policies, checkpoints, plot,
 summary); `--resume RUN_DIR` continues it. The same from a shell:
 
@@ -27,7 +27,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--run_dir", default="")
   args = parser.parse_args(argv)
-  from jrl.device.runner import run_device  # imports gymnax
+  from jrl.run.device.runner import run_device  # imports gymnax
   exp = resolve_paths(ExperimentConfig(agent=args.agent, env=args.env, backend="device", steps=args.steps,
                                        seed=args.seed, run_dir=args.run_dir, eval_every=max(args.steps // 10, 1)))
   agent_cfg = get_agent(args.agent).Config()

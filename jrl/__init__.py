@@ -64,6 +64,18 @@ MOVED_MODULES: Dict[str, str] = {
     "jrl.policies": "jrl.experiment.snapshots",   # policy snapshots of finished runs
     "jrl.device.envs": "jrl.gymnax_envs",         # gymnax envs of the device backend
     "jrl.device.replay": "jrl.replay.on_device",  # windows, ring buffer and its gather
+    # The drivers' one home, jrl/run/: the run core and the embedded, device and distributed drivers.
+    "jrl.experiment.run_core": "jrl.run.core",
+    "jrl.experiment.runner": "jrl.run.embedded",
+    "jrl.device": "jrl.run.device",
+    "jrl.device.loop": "jrl.run.device.loop",
+    "jrl.device.runner": "jrl.run.device.runner",
+    "jrl.device.sweep": "jrl.run.device.sweep",
+    "launch.nodes": "jrl.run.distributed.nodes",
+    "launch.faults": "jrl.run.distributed.faults",
+    "launch.liveness": "jrl.run.distributed.liveness",
+    "launch.multihost": "jrl.run.distributed.multihost",
+    "launch.placement": "jrl.run.distributed.placement",
 }
 
 __all__: List[str] = sorted(_NAMES) + ["__version__"]
@@ -86,6 +98,18 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
                          Trajectory, Transition)
 
 
+def _moved_child(fullname: str) -> Optional[str]:
+  """Where a moved package's old child went, asked for under the package's new name:
+  `from jrl.device import replay` looks up `jrl.run.device.replay` (the import statement asks for
+  the submodule under the name of the module `jrl.device` is), which is `jrl.device.replay`'s."""
+  for old, new in MOVED_MODULES.items():
+    if fullname.startswith(new + "."):
+      moved = MOVED_MODULES.get(old + fullname[len(new):])
+      if moved is not None and moved != fullname:
+        return moved
+  return None
+
+
 class _ModuleAliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
   """`import jrl.dqn` (and `jrl.dqn.<submodule>`) loads `jrl.agents.dqn` and binds that module to
   the short name, for every agent of jrl.registry; `import jrl.policies` (any old path of
@@ -105,6 +129,9 @@ class _ModuleAliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """The real module behind the alias `fullname`, or None when it is no alias."""
     if fullname in MOVED_MODULES:
       return MOVED_MODULES[fullname]
+    moved_child = _moved_child(fullname)
+    if moved_child is not None:
+      return moved_child
     parts = fullname.split(".")
     if len(parts) < 2 or parts[0] != __name__ or parts[1] not in AGENTS:
       return None
@@ -117,7 +144,8 @@ class _ModuleAliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     if real is None:
       return None
     # A moved module is a plain module (no `__path__` may be added to it); an agent is a package.
-    return importlib.machinery.ModuleSpec(fullname, self, is_package=fullname not in MOVED_MODULES)
+    agent = fullname not in MOVED_MODULES and _moved_child(fullname) is None
+    return importlib.machinery.ModuleSpec(fullname, self, is_package=agent)
 
   def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
     real = importlib.import_module(self.target(spec.name))

@@ -42,7 +42,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from jrl.errors import ConfigError
 
-# The roles of a distributed run (launch/placement.GROUPS without the device-run "device").
+# The roles of a distributed run (jrl.run.distributed.placement.GROUPS without the device-run "device").
 ROLES = ("counter", "replay", "learner", "inference", "actor", "evaluator")
 ACCELERATOR_ROLES = ("learner", "inference")
 # platform -> the variable that hides that platform's devices from a process.

@@ -17,7 +17,7 @@ def default_cache_dir() -> str:
 def enable_compilation_cache(path: Optional[str] = None) -> Optional[str]:
   """Turns on JAX's persistent compilation cache: `path`, else $JRL_JAX_CACHE, else
   ~/.cache/jrl/jax (JRL_JAX_CACHE=off disables it). Returns the folder in use (None: off).
-  The same folder and switch as the device backend's (`jrl.device.runner`)."""
+  The same folder and switch as the device backend's (`jrl.run.device.runner`)."""
   import jax
   path = path or os.environ.get("JRL_JAX_CACHE") or default_cache_dir()
   if path.lower() in ("off", "0", "none", "false"):

@@ -28,8 +28,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from jrl.errors import ConfigError
 from jrl.experiment.files import SUMMARY_FILE
-from launch import liveness, multihost
-from launch.placement import Host, Placement, default_placement, parse_hosts, parse_placement
+from jrl.run.distributed import liveness, multihost
+from jrl.run.distributed.placement import Host, Placement, default_placement, parse_hosts, parse_placement
 
 POLL_SECONDS = 0.5
 EXIT_STATUS_FILE = multihost.EXIT_STATUS_FILE

@@ -13,7 +13,7 @@ Process k is `launch.train --resume DIR --process_id k --coordinator_address HOS
 every process continues the run directory (a new run has no checkpoint and starts over), and
 a run with a coordinator address is one of the processes, not their launcher. Process 0 writes
 the run (metrics, evaluations, checkpoints, policies, summary); process k > 0 keeps its own
-record in DIR/processes/p<k> (`jrl.device.runner.follower_dir`).
+record in DIR/processes/p<k> (`jrl.run.device.runner.follower_dir`).
 
 Every process is needed: when one fails or its host is lost, the host agents stop the others,
 and the launcher's error names it, the run's last checkpoint and the command that continues it.
@@ -28,9 +28,10 @@ from typing import Any, Dict, List
 from jrl.errors import ConfigError
 from jrl.experiment import files
 from jrl.experiment.files import SUMMARY_FILE
-from launch import cluster, liveness, multihost
+from launch import cluster
+from jrl.run.distributed import liveness, multihost
 from launch.cluster import hosts_flag, last_checkpoint_line
-from launch.placement import Placement, parse_placement
+from jrl.run.distributed.placement import Placement, parse_placement
 
 GROUP = "device"
 
@@ -116,7 +117,7 @@ def run_device_on_hosts(exp, agent_cfg) -> Dict[str, Any]:
 def process_digests(run_dir: str, processes: int) -> List[str]:
   """The final parameter digest each process reported (process 0's summary, then each
   follower's record); '' for one that wrote none."""
-  from jrl.device.runner import process_record_dir
+  from jrl.run.device.runner import process_record_dir
   paths = [os.path.join(process_record_dir(run_dir, k), SUMMARY_FILE) for k in range(processes)]
   digests = []
   for path in paths:

@@ -37,11 +37,11 @@ def evaluation_seed(exp, info: Dict[str, Any]) -> Tuple[int, int]:
 
 def device_returns(exp, policy, params, episodes: int, seed: int, index: int):
   """Returns of a device run's policy over `episodes` gymnax envs, as the run's evaluation
-  `index` with evaluator seed `seed` played them (`jrl.device.loop.evaluate_episodes`)."""
+  `index` with evaluator seed `seed` played them (`jrl.run.device.loop.evaluate_episodes`)."""
   import jax
   import numpy as np
   from jrl.gymnax_envs import GymnaxVecEnv
-  from jrl.device.loop import evaluate_episodes, evaluation_key
+  from jrl.run.device.loop import evaluate_episodes, evaluation_key
   env = GymnaxVecEnv(exp.env)
   play = jax.jit(lambda p, k: evaluate_episodes(env, policy, p, k, episodes))
   return np.asarray(play(params, evaluation_key(seed, index)))

@@ -7,7 +7,7 @@ supervises the nodes the plan puts on HOST (restarts as configured), binds
 their servers to the host's address, stops them when the stop file appears,
 and on a node failure writes the report and the stop file so every host ends.
 Exit status: 0 when every node ended cleanly, 1 after a failure. It writes a heartbeat
-(`launch.liveness`) for the launcher to see it alive; its nodes die with it.
+(`jrl.run.distributed.liveness`) for the launcher to see it alive; its nodes die with it.
 """
 
 import os
@@ -19,7 +19,8 @@ from jrl import compat
 
 compat.import_jax_probability()
 
-from launch import liveness, loopback, multihost, supervisor  # noqa: E402
+from launch import loopback, supervisor  # noqa: E402
+from jrl.run.distributed import liveness, multihost
 
 
 def _watch(sup: supervisor.Supervisor, run_dir: str, host: str, done: threading.Event) -> None:

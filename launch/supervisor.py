@@ -42,10 +42,9 @@ import launchpad as lp
 from launchpad.launch import worker_manager
 from launchpad.launch.run_locally import run_locally
 
-from launch.liveness import die_with_parent
+from jrl.run.distributed.liveness import die_with_parent
+from jrl.run.distributed.node_env import INCARNATION_ENV, RUN_DIR_ENV
 
-INCARNATION_ENV = "JRL_INCARNATION"
-RUN_DIR_ENV = "JRL_RUN_DIR"  # in every node's environment: finds a run's processes
 TERMINAL = "jrl_supervised"
 # When several nodes fail at once, the one that explains the others: services before their clients.
 BLAME_ORDER = ("learner", "replay", "inference", "counter", "evaluator", "actor")

@@ -12,7 +12,7 @@ own parser before any seed starts. Exit status: 0 when every seed finished, 1 wh
 2 for bad input (nothing run).
 
 With `--backend device` every seed runs in this process, in one compiled program (the device
-loop vmapped over seeds: `jrl.device.sweep`), into the same run directories; `--one_by_one`
+loop vmapped over seeds: `jrl.run.device.sweep`), into the same run directories; `--one_by_one`
 runs them as separate launch.train processes instead.
 
 `--one_core_each` pins each of the K runs at once to a core of its own, with XLA's CPU backend on
@@ -114,7 +114,7 @@ def parse_args(argv: Sequence[str]):
         raise ConfigError("one_core_each", f"--parallel {args.parallel} runs need as many cores; this process may "
                                            f"use {len(cores)}")
     if args.vmapped:
-      from jrl.device.sweep import check_one_process
+      from jrl.run.device.sweep import check_one_process
       from jrl.gymnax_envs import GymnaxVecEnv
       check_one_process(exp)
       GymnaxVecEnv(exp.env)  # ConfigError for an id gymnax does not have, before anything is written
@@ -123,7 +123,7 @@ def parse_args(argv: Sequence[str]):
       raise ConfigError("grid", "sweeps hyperparameters inside one vmapped device program: needs --backend device "
                                 "(without --one_by_one)")
     if grid:
-      from jrl.device.sweep import check_grid, grid_points
+      from jrl.run.device.sweep import check_grid, grid_points
       check_grid(exp, agent_cfg, grid)
     args.points = grid_points(grid) if grid else [None]
     args.runs = [(seed, point) for point in args.points for seed in args.seed_list]
@@ -332,10 +332,10 @@ def run_jobs(jobs: Sequence[Job], parallel: int, log_dir: str, on_done, one_core
 
 
 def run_vmapped(args, jobs: Sequence[Job], on_done) -> None:
-  """The seeds of `jobs` as one vmapped device program in this process (`jrl.device.sweep`)."""
+  """The seeds of `jobs` as one vmapped device program in this process (`jrl.run.device.sweep`)."""
   if not jobs:
     return
-  from jrl.device.sweep import run_device_sweep
+  from jrl.run.device.sweep import run_device_sweep
   print(f"[sweep] seeds {', '.join(str(j.seed) for j in jobs)}: one vmapped device program", flush=True)
   started = time.monotonic()
   exp = args.exp

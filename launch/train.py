@@ -19,12 +19,12 @@ import signal
 import sys
 from typing import Optional, Sequence
 
-from launch import faults
+from jrl.run.distributed import faults
 from launch.cli import (OneLineParser, add_dataclass_flags, add_grouped_flags, build_config, fail, given_fields,
                         with_preset)
 
 PROG = "python -m launch.train"
-FAULT_FLAGS = tuple(faults.FLAGS)  # launch/faults.py's environment variable, as flags
+FAULT_FLAGS = tuple(faults.FLAGS)  # jrl/run/distributed/faults.py's environment variable, as flags
 # Set once an embedded run has finished and written everything (see `_exit`).
 _finished_embedded_run = False
 
@@ -98,7 +98,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             + f" | {summary['run_dir']}", flush=True)
       return 0 if len(set(digests)) == 1 else 1
     if exp.mode == DEVICE:
-      from jrl.device.runner import run_device  # gymnax envs; checks the env id itself
+      from jrl.run.device.runner import run_device  # gymnax envs; checks the env id itself
       run_device(exp, agent_cfg)
       return 0
     from jrl.cpu_jit import dispatch_synchronously
@@ -125,7 +125,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       if not args.verbose:
         from launch.quiet import hide_native_chatter
         hide_native_chatter()  # Reverb's C++ info lines
-      from jrl.experiment.runner import run
+      from jrl.run.embedded import run
       run(exp, agent_cfg)  # unexpected errors keep their traceback
       _finished_embedded_run = True
   except ConfigError as e:
@@ -145,7 +145,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _inject_faults(args, exp) -> None:
-  """--crash_* flags -> launch/faults.py's environment variable, which the program's nodes read."""
+  """--crash_* flags -> jrl/run/distributed/faults.py's environment variable, which the program's nodes read."""
   from jrl.errors import ConfigError
   from jrl.experiment.config import DISTRIBUTED
   given = {flag: getattr(args, flag) for flag in FAULT_FLAGS if getattr(args, flag) is not None}
@@ -182,7 +182,7 @@ def make_parser(agent_name: str, agent, prog: str = PROG) -> OneLineParser:
                       help="also show native libraries' info lines (Reverb's '[reverb/cc/...]')")
   parser.add_argument("--list_presets", action="store_true",
                       help="list the agent's presets (its presets.yaml: name, what it is for, its flags) and exit")
-  for flag in FAULT_FLAGS:  # the project's fault tests (launch/faults.py); not listed
+  for flag in FAULT_FLAGS:  # the project's fault tests (jrl/run/distributed/faults.py); not listed
     parser.add_argument(f"--{flag}", type=int, default=None, help=argparse.SUPPRESS)
   return parser
 

@@ -177,7 +177,7 @@ def test_actor_device_is_refused_for_a_distributed_run_and_a_device_run():
 
 
 def test_an_embedded_run_names_the_devices_each_part_ran_on(tmp_path):
-  from jrl.experiment.runner import run
+  from jrl.run.embedded import run
   exp = ExperimentConfig(agent="dqn", env="CartPole-v1", steps=1_000, deterministic=True, eval_every=1_000,
                          eval_episodes=2, progress_seconds=0, run_dir=str(tmp_path / "run"))
   summary = run(exp, dqn.Config(hidden_sizes=(8,), min_replay_size=200))

@@ -86,7 +86,7 @@ def test_importing_the_runner_and_plotting_leave_matplotlib_backend_alone(tmp_pa
   code = f"""
 import matplotlib
 matplotlib.use("svg")
-import jrl.experiment.runner
+import jrl.run.embedded
 from jrl.experiment import plots
 import os
 os.makedirs({str(tmp_path)!r} + "/metrics")

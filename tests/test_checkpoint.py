@@ -19,7 +19,7 @@ from jrl.errors import ConfigError
 from jrl.experiment.builder import build_agent_parts
 from jrl.experiment.checkpoint import Checkpointer, checkpoint_to_resume
 from jrl.experiment.config import ExperimentConfig
-from jrl.experiment.runner import run
+from jrl.run.embedded import run
 from jrl.learners.learner import params_digest
 from test_runs import _metric_values
 
@@ -230,7 +230,7 @@ def _three_checkpoints(run_dir):
   """A run's checkpoints as runs write them (orbax learner state, run state, the seeded replay's
   file, the manifest with the counters), at 1000, 2000 and 3000 env steps."""
   from jrl.experiment.checkpoint_formats import write
-  from jrl.experiment.runner import SEEDED_REPLAY
+  from jrl.run.embedded import SEEDED_REPLAY
   cfg = dqn.Config(hidden_sizes=(8,))
   learner = dqn.make_learner(build_agent_parts("dqn", "CartPole-v1", cfg).networks, cfg)
   states = [learner.init(jax.random.PRNGKey(i)) for i in range(3)]

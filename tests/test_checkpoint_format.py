@@ -90,7 +90,7 @@ def no_pickle_files(checkpoint: str) -> None:
 
 def test_an_embedded_run_checkpoints_data_that_json_and_numpy_read_and_resumes_to_the_same_bytes(tmp_path):
   from jrl.experiment.resume import resumed_configs
-  from jrl.experiment.runner import run
+  from jrl.run.embedded import run
   cfg = dqn.Config(min_replay_size=256, hidden_sizes=(16,), n_step=3)
   exp = lambda name, steps: ExperimentConfig(seed=0, steps=steps, deterministic=True, eval_every=1_000,
                                              eval_episodes=1, progress_seconds=0, checkpoint_every_steps=500,
@@ -131,7 +131,7 @@ def test_an_embedded_run_checkpoints_data_that_json_and_numpy_read_and_resumes_t
 @pytest.mark.needs_gymnax
 def test_a_device_runs_checkpoint_is_data_too(tmp_path):
   from jrl.agents import ppo
-  from jrl.device.runner import run_device
+  from jrl.run.device.runner import run_device
   exp = ExperimentConfig(agent="ppo", env="gymnax:CartPole-v1", backend="device", seed=0, steps=4_096,
                          eval_every=2_048, eval_episodes=1, progress_seconds=0, checkpoint_every_steps=2_048,
                          run_dir=str(tmp_path / "run"))
@@ -202,7 +202,7 @@ def test_adders_restored_from_converted_format_1_data_add_what_the_old_objects_a
 
 def test_a_format_1_run_resumed_writes_format_2_from_then_on(tmp_path):
   from jrl.experiment.resume import resumed_configs
-  from jrl.experiment.runner import run
+  from jrl.run.embedded import run
   run_dir = str(tmp_path / "dqn")
   shutil.copytree(os.path.join(DATA, "at_18d3c4a", "dqn"), run_dir)
   exp, cfg = resumed_configs(run_dir, {"steps": 2_560, "progress_seconds": 0.0}, {})

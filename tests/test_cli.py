@@ -137,7 +137,7 @@ def test_help_lists_every_config_field():
   for cls in (ExperimentConfig, dqn.Config):
     for field in dataclasses.fields(cls):
       assert f"--{field.name}" in out.stdout, field.name
-  # The fault tests' flags (launch/faults.py) work but are not listed: no run is meant to crash.
+  # The fault tests' flags (jrl/run/distributed/faults.py) work but are not listed: no run is meant to crash.
   assert "--crash_" not in out.stdout
   # One heading per concern, in order; every help text whole (a field's comment may run on over lines).
   from jrl.experiment.config import FIELD_GROUPS
@@ -193,7 +193,7 @@ def test_a_misspelled_flag_gets_a_did_you_mean(tmp_path):
       "python -m launch.train: error: unknown flag --learning_rat; did you mean --learning_rate?"]
   assert _refused(["--stesp=5000"], tmp_path) == [
       "python -m launch.train: error: unknown flag --stesp; did you mean --steps?"]
-  # Nothing close: no guess. The fault tests' hidden flags (launch/faults.py) are never suggested.
+  # Nothing close: no guess. The fault tests' hidden flags (jrl/run/distributed/faults.py) are never suggested.
   assert _refused(["--zzzzzz"], tmp_path) == [
       "python -m launch.train: error: unknown flag --zzzzzz; see --help for the flags"]
   assert _refused(["--crash_learner_afte", "3"], tmp_path) == [

@@ -162,7 +162,7 @@ def test_an_env_of_your_own_runs_in_the_loop_and_is_learned(tmp_path):
   DQN on the device backend, where always moving one way is not; its threshold is the env's own,
   and the run's policy reloads through the library API."""
   import jrl
-  from jrl.device.runner import run_device
+  from jrl.run.device.runner import run_device
   from jrl.gymnax_envs import GymnaxVecEnv, reward_threshold
   env_id = "gymnax:examples.jax_envs:corridor"
   env = GymnaxVecEnv(env_id)
@@ -196,7 +196,7 @@ def test_r2d2_learns_gymnax_cartpole_in_the_loop(tmp_path):
   """R2D2 on the device backend: overlapping sequences with their start core states in a
   prioritized on-device ring, learner calls counted in sequences as the host runner counts them."""
   from jrl.agents import r2d2
-  from jrl.device.runner import run_device
+  from jrl.run.device.runner import run_device
   from jrl.replay.local import calls_due
   from jrl.replay.on_device import sequences_written
   cfg = r2d2.Config()
@@ -214,7 +214,7 @@ def test_r2d2_learns_gymnax_cartpole_in_the_loop(tmp_path):
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_ppo_reaches_475_on_gymnax_cartpole_and_writes_the_run_directory(tmp_path):
-  from jrl.device.runner import run_device
+  from jrl.run.device.runner import run_device
   import jrl
   run_dir = tmp_path / "run"
   exp = ExperimentConfig(agent="ppo", env="gymnax:CartPole-v1", backend="device", seed=0, steps=100_000,
@@ -241,7 +241,7 @@ def test_ppo_reaches_475_on_gymnax_cartpole_and_writes_the_run_directory(tmp_pat
 
 
 def _short_run(tmp_path, name, agent, steps, chunk_steps=None, **exp_fields):
-  from jrl.device.runner import run_device
+  from jrl.run.device.runner import run_device
   cfg = dqn.Config(min_replay_size=256, epsilon_decay_steps=1_000) if agent == "dqn" else ppo.Config()
   exp = ExperimentConfig(**{"agent": agent, "env": "gymnax:CartPole-v1", "backend": "device", "seed": 3, "steps": steps,
                             "eval_every": 1_024, "eval_episodes": 4, "run_dir": str(tmp_path / name),
@@ -281,7 +281,7 @@ def test_a_run_resumed_from_its_checkpoint_ends_with_the_same_bytes(tmp_path):
   from jrl.errors import ConfigError
   from jrl.experiment import resume
   from jrl.experiment.checkpoint import Checkpointer
-  from jrl.device.runner import run_device
+  from jrl.run.device.runner import run_device
   whole = _short_run(tmp_path, "whole", "dqn", 3_072, chunk_steps=512)
   crashed = _short_run(tmp_path, "crashed", "dqn", 3_072, chunk_steps=512, checkpoint_every_steps=1_024)
   assert crashed["params_digest"] == whole["params_digest"]
@@ -348,7 +348,7 @@ import json, sys
 import distrax, rlax
 import jax, numpy as np
 from jrl.agents import dqn, ppo, r2d2
-from jrl.device.runner import run_device
+from jrl.run.device.runner import run_device
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.snapshots import load_params
 out = {}

@@ -1,4 +1,4 @@
-"""The device run's host schedule (`jrl.device.runner.schedule_chunk`): where a chunk's metric
+"""The device run's host schedule (`jrl.run.device.runner.schedule_chunk`): where a chunk's metric
 rows and evaluations fall, computed ahead from the run core's marks, against hand-worked
 chunks; the learner-call schedule against `calls_due` count by count; the threshold in float32."""
 
@@ -8,11 +8,11 @@ import pytest
 from jrl.replay.kinds import ItemKind, ReplayedSequences, Transitions
 from jrl.replay.spec import ReplaySpec
 
-pytestmark = pytest.mark.needs_gymnax  # jrl.device imports gymnax
+pytestmark = pytest.mark.needs_gymnax  # jrl.run.device imports gymnax
 
 
 def _plan(iteration_steps=8, chunk_iterations=100, eval_every=2_500, log_every=1_000, num_envs=8):
-  from jrl.device.loop import Plan, marks_within
+  from jrl.run.device.loop import Plan, marks_within
   span = iteration_steps * chunk_iterations
   evals = min(chunk_iterations, marks_within(span, eval_every) + 1)
   rows = min(chunk_iterations, marks_within(span, log_every))
@@ -21,7 +21,7 @@ def _plan(iteration_steps=8, chunk_iterations=100, eval_every=2_500, log_every=1
 
 def _schedule(plan, env_steps, budget, next_log, next_eval, checkpoint_at=None, log_every=1_000, eval_every=2_500,
               iterations=None):
-  from jrl.device.runner import schedule_chunk
+  from jrl.run.device.runner import schedule_chunk
   calls = lambda vector_steps, n: np.zeros(n, np.int32)
   return schedule_chunk(plan, calls, env_steps // plan.num_envs, env_steps, budget, next_log, log_every, next_eval,
                         eval_every, checkpoint_at, iterations)
@@ -67,8 +67,8 @@ def test_a_chunk_runs_the_iterations_asked_for_within_its_plan():
 
 
 def test_chunks_are_sized_to_their_seconds_growing_at_most_eightfold():
-  from jrl.device.loop import CHUNK_SECONDS, FIRST_CHUNK_SHARE
-  from jrl.device.runner import ChunkSizer
+  from jrl.run.device.loop import CHUNK_SECONDS, FIRST_CHUNK_SHARE
+  from jrl.run.device.runner import ChunkSizer
   plan = _plan(chunk_iterations=16_384)
   sizer = ChunkSizer(plan, 500_000)
   assert sizer.next == int(500_000 * FIRST_CHUNK_SHARE) // 8 == 976
@@ -97,7 +97,7 @@ def test_a_chunk_ends_where_a_checkpoint_falls_due_by_steps():
 def test_the_schedule_agrees_with_the_run_cores_marks_applied_one_iteration_at_a_time():
   """The host's rule as the run core applies it after every iteration (`next_mark`), against the
   schedule's marks worked out ahead, over many chunk shapes."""
-  from jrl.experiment.run_core import next_mark
+  from jrl.run.core import next_mark
   rng = np.random.default_rng(0)
   for _ in range(200):
     it, n = int(rng.choice([4, 8, 128, 2_048])), int(rng.integers(1, 400))
@@ -132,7 +132,7 @@ def test_the_learner_call_schedule_is_calls_due_count_by_count(kind, samples_per
 
 
 def test_the_threshold_in_float32_decides_as_the_host_does():
-  from jrl.device.runner import float32_at_least
+  from jrl.run.device.runner import float32_at_least
   for threshold in (475.0, 195.5, -200.3, 0.1, 1e-8, 123456.789):
     bound = float32_at_least(threshold)
     below = np.nextafter(bound, np.float32(-np.inf))
@@ -144,8 +144,8 @@ def test_a_sweeps_books_after_a_chunk_follow_the_histories_rule():
   for the runs' own books): evaluations counted on, the best as EvalHistory.record's rule: the
   first evaluation is the best whatever its mean (run 0's -2, below the books' 0.0 placeholder),
   later ones when above it. Hand-worked: run 1 keeps 5.0 against 4.0 and takes 6.0."""
-  from jrl.device.loop import EvalBooks
-  from jrl.device.sweep import books_after
+  from jrl.run.device.loop import EvalBooks
+  from jrl.run.device.sweep import books_after
   from jrl.experiment.bookkeeping import EvalHistory
   books = EvalBooks(np.zeros((3, 2), np.uint32), np.array([0, 3, 1], np.int32), np.array([0.0, 5.0, 7.0], np.float32),
                     np.full(3, np.inf, np.float32))

@@ -1,4 +1,4 @@
-"""Many seeds of a device run in one vmapped program (`jrl.device.sweep`, `launch.sweep
+"""Many seeds of a device run in one vmapped program (`jrl.run.device.sweep`, `launch.sweep
 --backend device`): where its seeds start and how far they drift from single runs, the run
 folders and report it writes, resume, and bad input."""
 
@@ -31,8 +31,8 @@ def test_seed_k_of_a_vmapped_sweep_starts_as_run_k_and_differs_by_float_error_af
   """Seed k's carry is the single run's bytes at the start (init is vmapped over traced seeds);
   after one chunk of PPO updates its parameters differ from the single run's by float
   reduction order only (XLA fuses the batched program differently), far below a learning step."""
-  from jrl.device.loop import DeviceLoop, EvalBooks, build_device_parts, make_plan
-  from jrl.device.runner import calls_due_in_chunk, schedule_chunk
+  from jrl.run.device.loop import DeviceLoop, EvalBooks, build_device_parts, make_plan
+  from jrl.run.device.runner import calls_due_in_chunk, schedule_chunk
   from jrl.gymnax_envs import GymnaxVecEnv
   from jrl.learners import sharding
   cfg = ppo.Config(hidden_sizes=(32, 32))
@@ -66,7 +66,7 @@ def test_seed_k_of_a_vmapped_sweep_starts_as_run_k_and_differs_by_float_error_af
 def test_a_vmapped_sweep_resumed_from_its_checkpoints_ends_with_the_same_bytes(tmp_path):
   """Two DQN seeds in one program, stopped at half the budget and resumed, end with the
   parameters of the sweep never stopped; each seed's folder is a device run of its own."""
-  from jrl.device.sweep import run_device_sweep
+  from jrl.run.device.sweep import run_device_sweep
   exp = ExperimentConfig(agent="dqn", env="gymnax:CartPole-v1", backend="device", steps=2000, eval_every=1000,
                          num_envs=4, progress_seconds=0, eval_episodes=2)
   dirs = lambda name: [str(tmp_path / name / f"s{seed}") for seed in (0, 1)]

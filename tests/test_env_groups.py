@@ -15,7 +15,7 @@ from jrl.actors.variables import VariableClient
 from jrl.agents import dqn, r2d2
 from jrl.errors import ConfigError
 from jrl.experiment.config import ExperimentConfig
-from jrl.experiment.runner import run
+from jrl.run.embedded import run
 from jrl.replay.adders import NStepTransitionAdder
 
 NUM_ENVS, GROUPS = 4, 2

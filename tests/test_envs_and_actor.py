@@ -73,7 +73,7 @@ def test_actor_transitions_respect_episode_boundaries_on_cartpole():
 
 def test_core_imports_neither_reverb_nor_launchpad():
   code = ("import sys, jrl.agents.dqn, jrl.actors.actor, jrl.learners.learner, jrl.replay.batches, "
-          "jrl.replay.buffer, jrl.experiment.runner; "
+          "jrl.replay.buffer, jrl.run.embedded; "
           "print(any(m in sys.modules for m in ('reverb', 'launchpad')))")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
   assert out.stdout.strip() == "False", out.stderr

@@ -16,7 +16,7 @@ import jrl
 from jrl.actors.evaluator import Evaluator
 from jrl.agents import dqn
 from jrl.experiment.config import ExperimentConfig
-from jrl.experiment.runner import run
+from jrl.run.embedded import run
 from jrl.experiment.snapshots import load_config, load_params, load_snapshot, saved_snapshots
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -305,7 +305,7 @@ def test_service_call_waits_out_a_lost_courier_server_and_gives_up_after_its_dea
   import courier
   import portpicker
   from jrl.outage import ServiceLost
-  from launch.nodes import ServiceCall
+  from jrl.run.distributed.nodes import ServiceCall
 
   port, lines, stop = portpicker.pick_unused_port(), [], threading.Event()
 
@@ -395,7 +395,7 @@ def test_resume_cuts_evaluator_rows_to_the_checkpoints_history_not_its_env_steps
   # history up to 1620) while the evaluation ran, then the evaluator wrote its row at 2008. The
   # resumed evaluator runs that evaluation again, so the old row must go, though 2008 <= 2008.
   from jrl.experiment.plots import read_csv
-  from launch.distributed import cut_metrics_to_checkpoint
+  from jrl.run.distributed.program import cut_metrics_to_checkpoint
   _column = lambda path, name: read_csv(path).get(name, [])
   metrics = tmp_path / "metrics"
   _write_csv(str(metrics / "evaluator.csv"), ["actor_steps", "eval_return"],

@@ -1,4 +1,4 @@
-"""The fault tests' injection (launch/faults.py): an environment variable, not a config field."""
+"""The fault tests' injection (jrl/run/distributed/faults.py): an environment variable, not a config field."""
 
 import dataclasses
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 
 from jrl.errors import ConfigError
-from launch import faults
+from jrl.run.distributed import faults
 
 
 def test_the_variable_round_trips_and_names_the_point_of_failure():

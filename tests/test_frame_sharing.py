@@ -209,7 +209,7 @@ def test_a_deterministic_atari_run_learns_the_same_bytes_with_shared_frames(tmp_
   from jrl.agents import dqn
   from jrl.experiment import builder
   from jrl.experiment.config import ExperimentConfig
-  from jrl.experiment.runner import run
+  from jrl.run.embedded import run
   cfg = dqn.Config(batch_size=8, min_replay_size=64, max_replay_size=256, samples_per_insert=1.0, block_size=4,
                    n_step=3, reward_clip=1.0)
   digests = []

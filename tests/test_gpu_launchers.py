@@ -1,4 +1,4 @@
-"""GPUs on the multi-host launchers (launch.cluster, launch.multihost): what Slurm is asked for, the
+"""GPUs on the multi-host launchers (launch.cluster, jrl.run.distributed.multihost): what Slurm is asked for, the
 template's {gpus}, and the devices each node starts with, as pure functions (this host has no GPU and
 the Slurm test cluster none either; tests/test_multihost.py runs the real cluster, asked for none)."""
 
@@ -10,10 +10,11 @@ import pytest
 from jrl.accelerators import CPU_ONLY_ENV
 from jrl.errors import ConfigError
 from jrl.experiment.config import ExperimentConfig
-from launch import cluster, multihost
-from launch.placement import Host, parse_placement
+from launch import cluster
+from jrl.run.distributed import multihost
+from jrl.run.distributed.placement import Host, parse_placement
 
-pytestmark = pytest.mark.needs_reverb  # launch.cluster and launch.multihost import launchpad
+pytestmark = pytest.mark.needs_reverb  # launch.cluster and jrl.run.distributed.multihost import launchpad
 
 HOSTS = (Host("node1", "10.0.0.1"), Host("node2", "10.0.0.2"), Host("node3", "10.0.0.3"))
 PLACEMENT = "replay,counter,evaluator=node1 learner,inference=node2 actor=node3"

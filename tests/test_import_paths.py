@@ -76,7 +76,7 @@ def test_the_check_finds_a_forwarding_module():
   used = "from jrl.timing import PhaseTimer, NULL_TIMER\n\ndef f(t: 'PhaseTimer'):\n  return t or NULL_TIMER\n"
   assert reexports(pathlib.Path("jrl/x.py"), used) == []
   listed = "from jrl.replay.on_device import Ring, ring_init\n\n__all__ = ['Ring', 'ring_init', 'gather']\n\ndef gather(r: Ring): ...\n"
-  assert reexports(pathlib.Path("jrl/device/replay.py"), listed) == ["Ring", "ring_init"]
+  assert reexports(pathlib.Path("jrl/run/device/replay.py"), listed) == ["Ring", "ring_init"]
 
 
 def test_moved_modules_have_no_file():
@@ -110,6 +110,14 @@ from jrl.device.replay import make_gather, ring_insert
 from jrl.replay import on_device
 assert device_replay is on_device and make_gather is on_device.make_gather and ring_insert is on_device.ring_insert
 
+import jrl.experiment.run_core
+from jrl.experiment.runner import run
+from jrl.device.sweep import run_device_sweep
+from jrl.run import core, embedded
+from jrl.run.device import sweep
+assert jrl.experiment.run_core is core and run is embedded.run and run_device_sweep is sweep.run_device_sweep
+assert sys.modules["jrl.device"] is sys.modules["jrl.run.device"]
+
 from jrl.experiment import report
 from jrl import timing
 assert report.PhaseTimer is timing.PhaseTimer and report.NULL_TIMER is timing.NULL_TIMER
@@ -128,5 +136,19 @@ print("ok")
 def test_old_paths_are_the_real_modules(tmp_path):
   (tmp_path / "user_module.py").write_text(USER_MODULE)
   out = subprocess.run([sys.executable, "user_module.py"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+  assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+@pytest.mark.needs_reverb  # the distributed driver imports launchpad
+def test_the_distributed_drivers_old_paths_are_its_modules(tmp_path):
+  """launch/nodes.py and its neighbours moved into jrl/run/distributed/; a user's script that
+  imports them by the old paths gets the same modules (a `launch` import alone installs the alias)."""
+  user = ("import sys\nfrom launch.nodes import DriverNode\nimport launch.placement\n"
+          "from jrl.run.distributed import nodes, placement\n"
+          "assert DriverNode is nodes.DriverNode and launch.placement is placement\n"
+          "assert sys.modules['launch.nodes'] is nodes\nprint('ok')\n")
+  (tmp_path / "user_script.py").write_text(user)
+  out = subprocess.run([sys.executable, "user_script.py"], cwd=tmp_path, capture_output=True, text=True,
                        timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
   assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]

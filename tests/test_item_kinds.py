@@ -169,8 +169,8 @@ def cartpole_x10():
 
 @pytest.mark.needs_gymnax
 def test_a_device_run_with_reward_clip_stores_clipped_rewards_and_reports_game_scores(tmp_path, monkeypatch):
-  from jrl.device.loop import DeviceLoop, build_device_parts, make_plan
-  from jrl.device.runner import run_device
+  from jrl.run.device.loop import DeviceLoop, build_device_parts, make_plan
+  from jrl.run.device.runner import run_device
   from jrl.experiment.checkpoint import Checkpointer, checkpoint_to_resume
   from jrl.experiment.config import ExperimentConfig
   from jrl.gymnax_envs import GymnaxVecEnv
@@ -334,9 +334,9 @@ def test_a_run_directory_written_before_item_kinds_resumes_to_the_same_bytes(nam
   steps, learner_steps = OLD_RUN_EXTENDED[name]
   exp, cfg = resumed_configs(run_dir, {"steps": steps, "progress_seconds": 0.0}, {})
   if exp.backend == "device":
-    from jrl.device.runner import run_device as run
+    from jrl.run.device.runner import run_device as run
   else:
-    from jrl.experiment.runner import run
+    from jrl.run.embedded import run
   summary = run(exp, cfg)
   assert summary["resumed"] and (summary["actor_steps"], summary["learner_steps"]) == (steps, learner_steps)
   if jax.__version__ == OLD_RUNS_JAX:  # another JAX computes other last bits

@@ -23,7 +23,7 @@ def _lint(cwd):
 def test_the_tree_keeps_its_layers_and_has_no_cycles():
   out = _lint(ROOT)
   assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
-  assert "Contracts: 2 kept, 0 broken." in out.stdout, out.stdout[-2000:]
+  assert "Contracts: 3 kept, 0 broken." in out.stdout, out.stdout[-2000:]
 
 
 def test_a_planted_upward_import_is_refused(tmp_path):
@@ -31,8 +31,8 @@ def test_a_planted_upward_import_is_refused(tmp_path):
     shutil.copytree(os.path.join(ROOT, name), tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
   shutil.copy(os.path.join(ROOT, "pyproject.toml"), tmp_path)
   with open(tmp_path / "jrl" / "networks.py", "a") as f:
-    f.write("\nfrom jrl.experiment import runner  # planted: networks must not import the run core\n")
+    f.write("\nfrom jrl.run import embedded  # planted: networks must not import the run core\n")
   out = _lint(str(tmp_path))
   assert out.returncode == 1, out.stdout[-4000:]
-  assert "jrl.networks is not allowed to import jrl.experiment" in out.stdout, out.stdout[-4000:]
-  assert "- jrl.networks -> jrl.experiment.runner" in out.stdout
+  assert "jrl.networks is not allowed to import jrl.run" in out.stdout, out.stdout[-4000:]
+  assert "- jrl.networks -> jrl.run.embedded" in out.stdout

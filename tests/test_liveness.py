@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-pytestmark = pytest.mark.needs_reverb  # launch.multihost imports Launchpad
+pytestmark = pytest.mark.needs_reverb  # jrl.run.distributed.multihost imports Launchpad
 
-from launch import liveness, multihost  # noqa: E402
+from jrl.run.distributed import liveness, multihost  # noqa: E402
 
 PLAN = {"hosts": {"node1": {"nodes": [{"title": "replay/0"}, {"title": "learner/0"}]},
                   "node2": {"nodes": [{"title": "actor/0"}, {"title": "actor/2"}]},

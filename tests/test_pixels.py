@@ -230,7 +230,7 @@ def test_ppo_learns_minatar_breakout(tmp_path):
   """PPO with MinAtar's small CNN on bool planes reaches a greedy return of 5 within 150k env steps
   on seed 0 (a random policy scores < 1; measured: 5.4 at 75k, deterministic replay, ~35 s)."""
   from jrl.experiment.config import ExperimentConfig
-  from jrl.experiment.runner import run
+  from jrl.run.embedded import run
   exp = ExperimentConfig(agent="ppo", env="MinAtar/Breakout-v1", seed=0, steps=150_000, num_envs=16,
                          deterministic=True, stop_at_threshold=True, eval_every=25_000, reward_threshold=5.0,
                          run_dir=str(tmp_path / "minatar"), progress_seconds=0)

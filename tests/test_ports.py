@@ -1,13 +1,13 @@
-"""The ports a multi-host launch gives its servers (`launch.multihost.pick_port`), which are picked
+"""The ports a multi-host launch gives its servers (`jrl.run.distributed.multihost.pick_port`), which are picked
 on the launching host for servers on other hosts."""
 
 import socket
 
 import pytest
 
-pytestmark = pytest.mark.needs_reverb  # launch.multihost imports Launchpad
+pytestmark = pytest.mark.needs_reverb  # jrl.run.distributed.multihost imports Launchpad
 
-from launch import multihost  # noqa: E402
+from jrl.run.distributed import multihost  # noqa: E402
 
 
 def test_ports_are_below_the_ephemeral_range_and_never_given_twice():

@@ -154,7 +154,7 @@ def test_a_continuous_env_is_refused_in_one_line(tmp_path):
 @pytest.mark.needs_reverb
 def test_pqn_through_a_reverb_queue(tmp_path):
   """No extras: the queue's items hold an empty extras dict, and every trajectory is used once."""
-  from jrl.experiment.runner import run
+  from jrl.run.embedded import run
   exp = ExperimentConfig(agent="pqn", seed=0, steps=4_096, eval_every=2_048, eval_episodes=2,
                          run_dir=str(tmp_path / "pqnq"), progress_seconds=0)
   cfg = pqn.Config()
@@ -167,7 +167,7 @@ def test_pqn_through_a_reverb_queue(tmp_path):
 @pytest.mark.slow
 def test_defaults_reach_475_on_cartpole_within_100k_steps(tmp_path):
   """Seed 0, deterministic replay."""
-  from jrl.experiment.runner import run
+  from jrl.run.embedded import run
   exp = ExperimentConfig(agent="pqn", env="CartPole-v1", seed=0, steps=100_000, deterministic=True,
                          stop_at_threshold=True, eval_every=5_000, run_dir=str(tmp_path / "pqn"), progress_seconds=0)
   summary = run(exp, pqn.Config())
@@ -180,7 +180,7 @@ def test_defaults_reach_475_on_cartpole_within_100k_steps(tmp_path):
 @pytest.mark.needs_gymnax
 def test_defaults_reach_475_on_gymnax_cartpole_on_device_within_100k_steps(tmp_path):
   """Seed 0, the device backend's defaults (8 envs)."""
-  from jrl.device.runner import run_device
+  from jrl.run.device.runner import run_device
   exp = ExperimentConfig(agent="pqn", env="gymnax:CartPole-v1", backend="device", seed=0, steps=100_000,
                          eval_every=5_000, stop_at_threshold=True, run_dir=str(tmp_path / "pqn"), progress_seconds=0)
   summary = run_device(exp, pqn.Config())

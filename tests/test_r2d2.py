@@ -234,7 +234,7 @@ def test_r2d2_learns_masked_cartpole_where_it_needs_memory(tmp_path):
   """A short seeded run: feed-forward DQN stays near 50 on this task for 200k env steps
   (README); R2D2's defaults pass 100 within 30k. (200k steps reach 500: README.)"""
   from jrl.experiment.config import ExperimentConfig
-  from jrl.experiment.runner import run
+  from jrl.run.embedded import run
 
   summary = run(ExperimentConfig(agent="r2d2", env="jrl/MaskedCartPole-v1", seed=0, steps=30_000, deterministic=True,
                                  eval_every=2_500, eval_episodes=5, progress_seconds=0, run_dir=str(tmp_path / "run")),
@@ -266,7 +266,7 @@ def test_a_resumed_seeded_run_ends_with_the_same_bytes(tmp_path):
   """The checkpoint holds the open sequences, the policy's core states and the is_first flags."""
   import dataclasses
   from jrl.experiment.config import ExperimentConfig
-  from jrl.experiment.runner import run
+  from jrl.run.embedded import run
 
   cfg = r2d2.Config(min_replay_size=100)
   exp = ExperimentConfig(agent="r2d2", env="jrl/MaskedCartPole-v1", seed=0, steps=4000, deterministic=True,

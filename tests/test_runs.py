@@ -8,7 +8,7 @@ import pytest
 
 from jrl.agents import dqn, get_agent
 from jrl.experiment.config import ExperimentConfig
-from jrl.experiment.runner import run
+from jrl.run.embedded import run
 
 TIME_COLUMNS = ("wall_seconds", "steps_per_second", "updates_per_second")
 SHORT = dict(steps=3_000, eval_every=1_000, eval_episodes=3, log_every=500, progress_seconds=0)

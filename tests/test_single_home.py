@@ -1,5 +1,5 @@
 """Evaluation scheduling, policy snapshots and the summary have one home: the run core
-(jrl/experiment/run_core.py). Every kind of run (embedded, device, the distributed program) goes
+(jrl/run/core.py). Every kind of run (embedded, device, the distributed program) goes
 through it; a second copy of any of them elsewhere in the tree fails here.
 
 Read from the source with `ast` (no imports): calls of `save_policy`/`save_snapshot`,
@@ -13,7 +13,7 @@ from typing import Dict, List, Set
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HOME = "jrl/experiment/run_core.py"
+HOME = "jrl/run/core.py"
 FOLDERS = ("jrl", "launch", "bench", "examples", "scripts")
 SNAPSHOT_CALLS = {"save_policy", "save_snapshot"}
 SUMMARY_CALLS = {"make_summary"}

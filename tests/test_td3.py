@@ -175,7 +175,7 @@ def test_discrete_actions_and_bad_fields_are_refused():
 @pytest.mark.slow
 def test_td3_reaches_minus_200_on_pendulum_within_30k_steps(tmp_path):
   from jrl.experiment.config import ExperimentConfig
-  from jrl.experiment.runner import run
+  from jrl.run.embedded import run
   exp = ExperimentConfig(agent="td3", env="Pendulum-v1", seed=0, steps=30_000, deterministic=True,
                          stop_at_threshold=True, eval_every=2_000, reward_threshold=-200.0,
                          run_dir=str(tmp_path / "td3"), progress_seconds=0)
@@ -187,7 +187,7 @@ def test_td3_reaches_minus_200_on_pendulum_within_30k_steps(tmp_path):
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_td3_reaches_minus_200_on_gymnax_pendulum_on_device(tmp_path):
-  from jrl.device.runner import run_device
+  from jrl.run.device.runner import run_device
   from jrl.experiment.config import ExperimentConfig
   exp = ExperimentConfig(agent="td3", env="gymnax:Pendulum-v1", backend="device", seed=0, steps=30_000,
                          stop_at_threshold=True, eval_every=2_000, reward_threshold=-200.0,

@@ -23,9 +23,9 @@ from jrl.errors import ConfigError, require_non_negative, require_positive
 from jrl.experiment.files import path_safe
 
 # The modes of run. `mode` is one of the first three; groups and fields say which of all four use them.
-EMBEDDED = "embedded"          # one process: the embedded runner (jrl.experiment.runner)
+EMBEDDED = "embedded"          # one process: the embedded runner (jrl.run.embedded)
 DISTRIBUTED = "distributed"    # a Launchpad program (launch.distributed)
-DEVICE = "device"              # one compiled loop on this host's devices (jrl.device.runner)
+DEVICE = "device"              # one compiled loop on this host's devices (jrl.run.device.runner)
 DEVICE_HOSTS = "device over hosts"  # a device run whose processes a launcher puts on hosts (launch.device_hosts)
 MODES = (EMBEDDED, DISTRIBUTED, DEVICE, DEVICE_HOSTS)
 EVERY_MODE = frozenset(MODES)

@@ -21,7 +21,7 @@ CHANGEABLE_ON_RESUME = frozenset({
     "process_id", "coordinator_address",
 })
 # Fields that config.json files of older versions hold and this version has dropped: read and ignored
-# (the test-only fault injection moved to launch/faults.py's environment variable).
+# (the test-only fault injection moved to jrl/run/distributed/faults.py's environment variable).
 RETIRED_FIELDS = frozenset({"crash_learner_after", "crash_actor_after"})
 
 

@@ -42,7 +42,7 @@ Extras = Callable[[], Dict[str, Any]]  # zeros (or shapes) of what the policy re
 
 
 class DeviceLayout(NamedTuple):
-  """What one iteration of the device loop does for a kind (`jrl.device.loop.Plan`)."""
+  """What one iteration of the device loop does for a kind (`jrl.run.device.loop.Plan`)."""
   rollouts: int             # rollouts per iteration (a queue's)
   rollout_length: int       # vector steps per rollout
   calls_per_iteration: int  # learner calls each iteration makes itself (a queue's; replay kinds' are scheduled)
@@ -141,7 +141,7 @@ class ItemKind:
     replayed item stays in the table)."""
     return 0
 
-  # On device (`jrl.device.loop`): a window of the last steps emits rows into a ring.
+  # On device (`jrl.run.device.loop`): a window of the last steps emits rows into a ring.
 
   def device_layout(self, num_envs: int, batch_size: int, num_devices: int) -> DeviceLayout:
     """One vector step per iteration; its learner calls are scheduled (`device_call_schedule`)."""

@@ -1,6 +1,6 @@
 """On-device replay (`--backend device`): windows that turn env steps into rows, and a ring
 buffer of rows, all pure JAX. Which window a run uses is its item kind's choice
-(`jrl.replay.kinds`: `ItemKind.device_init` and `device_add`); `jrl.device.loop` runs them.
+(`jrl.replay.kinds`: `ItemKind.device_init` and `device_add`); `jrl.run.device.loop` runs them.
 
 n-step transitions. `NStepWindow` keeps the last n vector steps and, once full,
 emits every step exactly one transition per env: the one that *starts* n - 1

@@ -46,7 +46,7 @@ def item_signature(example_item, frame_stack: int = 0) -> object:
 
 def replay_tables(spec: ReplaySpec, example_item, updates_per_call: int, batch_size: int, prefetch: int,
                   samplers: int = 1) -> List[reverb.Table]:
-  """The Reverb tables of a run, embedded (`jrl.experiment.runner`) or distributed (the program's
+  """The Reverb tables of a run, embedded (`jrl.run.embedded`) or distributed (the program's
   replay node): the one table `spec`'s item kind stores in (`make_table`), for items shaped like
   `example_item`, with the error buffer of `table_error_buffer`.
 

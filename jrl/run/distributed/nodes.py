@@ -1,7 +1,7 @@
 """Launchpad node classes: counter, replay tables, learner, actors, inference servers, the driver.
 
 The driver node (`DriverNode`; `EvaluatorNode` is its former name) runs the run core's loop
-(`jrl.experiment.run_core`) over the program, as the embedded and device runs do in-process: the
+(`jrl.run.core`) over the program, as the embedded and device runs do in-process: the
 evaluation schedule, policy snapshots, progress, checkpoints' schedule and summary are the core's.
 The counter holds the budget: when it is reached, actors stop acting and the driver concludes.
 
@@ -45,14 +45,14 @@ from jrl.experiment.checkpoint import Checkpointer, RunWritesFailed
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import CHECKPOINTS_DIR, REVERB_REPLAY_DIR
 from jrl.experiment.logging import MetricsLogger, TensorBoard, last_step
-from jrl.experiment.run_core import RunCore, WrittenCheckpoint, next_mark, save_checkpoint
+from jrl.run.core import RunCore, WrittenCheckpoint, next_mark, save_checkpoint
 from jrl.learners import distributed, sharding
 from jrl.learners.learner import Learner, params_digest
 from jrl.outage import Outage, ServiceLost
 from jrl.replay import reverb_replay
 from jrl.replay.adders import make_block_writer
-from launch import faults, liveness
-from launch.supervisor import INCARNATION_ENV, RUN_DIR_ENV
+from jrl.run.distributed import faults, liveness
+from jrl.run.distributed.node_env import INCARNATION_ENV, RUN_DIR_ENV
 
 # Node processes import this module before they make any array: their loops all wait for
 # each result at once (see `jrl.cpu_jit.dispatch_synchronously`; actors on images switch back).

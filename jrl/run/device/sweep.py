@@ -27,14 +27,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jrl import jit_cache
-from jrl.device.loop import ChunkOutputs, DeviceLoop, EvalBooks, make_plan
-from jrl.device.runner import (ChunkSizer, CompileClock, SeedHost, SweepShare, carry_from_host, chunk_shapes,
+from jrl.run.device.loop import ChunkOutputs, DeviceLoop, EvalBooks, make_plan
+from jrl.run.device.runner import (ChunkSizer, CompileClock, SeedHost, SweepShare, carry_from_host, chunk_shapes,
                                device_setup, fetch_outputs, write_run_report, writing)
 from jrl.experiment.background import BackgroundWriter
 from jrl.errors import ConfigError
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.interrupt import Interrupts, RunInterrupted
-from jrl.experiment.run_core import RunCore
+from jrl.run.core import RunCore
 from jrl.experiment.sweep_report import point_label
 from jrl.gymnax_envs import GymnaxVecEnv, load_gymnax
 from jrl.learners import sharding

@@ -29,7 +29,7 @@ from jrl.experiment.checkpoint import CheckpointInfo, Checkpointer
 from jrl.experiment.checkpoint_formats import write as write_data
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import CHECKPOINTS_DIR, REPORT_FILE, REVERB_REPLAY_DIR
-from jrl.experiment.run_core import RunCore
+from jrl.run.core import RunCore
 from jrl.learners import distributed, sharding
 from jrl.learners.learner import Learner, params_digest
 from jrl.replay.adders import make_block_writer

@@ -1,8 +1,8 @@
-"""The device backend's runs: `run_device` compiles the loop (`jrl.device.loop`) and, between
+"""The device backend's runs: `run_device` compiles the loop (`jrl.run.device.loop`) and, between
 its chunks, writes metrics, evaluates, saves policies and checkpoints, and prints progress.
 
 The run itself (evaluations, metric files, checkpoints, summary) is the run core's
-(`jrl.experiment.run_core`); `DeviceDriver` is what differs: acting and learning happen on device.
+(`jrl.run.core`); `DeviceDriver` is what differs: acting and learning happen on device.
 Checkpoints hold the loop's whole carry and the host's counters, so that a resumed run ends
 with the same bytes as one never stopped.
 """
@@ -19,14 +19,14 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jrl import jit_cache
-from jrl.device.loop import (CHUNK_SECONDS, FIRST_CHUNK_SHARE, Carry, ChunkInputs, ChunkOutputs, DeviceLoop,
+from jrl.run.device.loop import (CHUNK_SECONDS, FIRST_CHUNK_SHARE, Carry, ChunkInputs, ChunkOutputs, DeviceLoop,
                              EvalBooks, Plan, build_device_parts, evaluation_key, make_plan)
 from jrl.errors import ConfigError
 from jrl.experiment import report
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import REPORT_FILE
 from jrl.experiment.background import BackgroundWriter
-from jrl.experiment.run_core import RunCore, next_mark
+from jrl.run.core import RunCore, next_mark
 from jrl.gymnax_envs import GymnaxVecEnv, load_gymnax, reward_threshold
 from jrl.learners import distributed, sharding
 from jrl.timing import BACKEND_COMPILE_EVENT, COMPILE, COMPILE_EVENTS, DEVICE_LOOP, EVAL, OTHER, NodeTimes

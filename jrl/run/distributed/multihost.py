@@ -28,12 +28,12 @@ from launchpad import context as lp_context
 
 from jrl import accelerators
 from jrl.experiment.files import write_json
-from launch.placement import Placement
+from jrl.run.distributed.placement import Placement
 
 LAUNCH_DIR = "launch"
 PLAN_FILE = "plan.json"
 STOP_FILE = "STOP"
-# Written during a launch (launch.liveness, launch.cluster), cleared at the next one.
+# Written during a launch (jrl.run.distributed.liveness, launch.cluster), cleared at the next one.
 ALIVE_DIR = "alive"
 LOST_FILE = "lost_hosts.json"
 EXIT_STATUS_FILE = "exit_status"

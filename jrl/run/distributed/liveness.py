@@ -30,7 +30,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from jrl.experiment.files import write_json
-from launch import multihost
+from jrl.run.distributed import multihost
 
 HEARTBEAT_SECONDS = 2.0
 # An agent's first heartbeat follows its start by Python's and the stack's imports, which on a
