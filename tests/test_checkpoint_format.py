@@ -4,6 +4,7 @@ the live objects of old pickles into the data the current classes restore from; 
 is one line naming it."""
 
 import glob
+import io
 import json
 import os
 import pickle
@@ -153,6 +154,16 @@ def _old(run: str) -> Dict[str, Any]:
   return Checkpointer(os.path.join(DATA, run)).verify(path)
 
 
+class _OldPaths(pickle.Unpickler):
+  """The old objects, unpickled with today's classes: PPO's clipping adder was pickled under
+  jrl.experiment.builder, which re-exported it then (the converter finds it by name)."""
+
+  def find_class(self, module: str, name: str):
+    if (module, name) == ("jrl.experiment.builder", "RewardClipAdder"):
+      module = "jrl.replay.adders"
+    return super().find_class(module, name)
+
+
 @pytest.mark.parametrize("run", ["at_18d3c4a/dqn", "pre_item_kinds/r2d2", "pre_item_kinds/ppo"])
 def test_the_converter_turns_a_format_1_run_state_into_what_the_current_classes_restore_from(run):
   """Everything but the adder as it was pickled (tuples as lists, NamedTuples as their fields); the
@@ -163,7 +174,7 @@ def test_the_converter_turns_a_format_1_run_state_into_what_the_current_classes_
   converted = Checkpointer.read_run_state(info)
   with open(os.path.join(info.path, "run_state.pkl"), "rb") as f:
     old = pickle.load(f)  # the old classes still unpickle it
-  old_adder = pickle.loads(old["actor"].pop("adder"))
+  old_adder = _OldPaths(io.BytesIO(old["actor"].pop("adder"))).load()
   assert same(converted["actor"].pop("adder"), checkpoint_formats.as_data(old_adder.state())) == []
   assert same(converted, checkpoint_formats.as_data(old)) == []
 

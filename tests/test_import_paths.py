@@ -18,7 +18,6 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROJECT_PACKAGES = ("jrl", "launch", "bench", "examples")
 # Re-exports that are interface of their own, each with its reason.
 KEPT: Dict[Tuple[str, str], str] = {
-    ("jrl/experiment/builder.py", "RewardClipAdder"): "checkpoints pickled actors' adders under this module's name",
     ("examples/custom_torso.py", "*"): "`python -m examples.custom_torso` needs a file (the old name of own_loop)",
     ("bench/minatar_paper_dqn_adam.py", "*"): "an agent module (--agent): its protocol is these names",
 }

@@ -17,8 +17,8 @@ from jrl.actors.inference import BatchedInference, InferenceClient, encode
 from jrl.actors.variables import VariableClient
 from jrl.agents import dqn, impala, ppo, r2d2
 from jrl.agents.actor_critic import gaussian
-from jrl.experiment.builder import RewardClipAdder, build_agent_parts, example_item
-from jrl.replay.adders import NStepTransitionAdder
+from jrl.experiment.builder import build_agent_parts, example_item
+from jrl.replay.adders import NStepTransitionAdder, RewardClipAdder
 from jrl.replay.local import LocalReplay
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,6 @@ import numpy as np
 from jrl import accelerators, cpu_jit, envs, pixel_envs, seeding
 from jrl.agents import get_agent
 from jrl.networks import example_observation
-from jrl.replay.adders import RewardClipAdder  # noqa: F401 - checkpoints pickled actors' adders under this name
 from jrl.replay.spec import ReplaySpec
 from jrl.specs import EnvSpec
 from jrl.types import Transition
