@@ -39,7 +39,8 @@ Determinism. Everything is a pure function of the seed: the same seed on the
 same device count gives the same bytes.
 """
 
-from typing import Any, Dict, List, NamedTuple, Optional
+import functools
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -191,7 +192,9 @@ class DeviceLoop:
   """The compiled pieces of a device run: init, chunk and evaluation."""
 
   def __init__(self, exp: ExperimentConfig, agent_cfg, env: GymnaxVecEnv, parts: AgentParts,
-               mesh: jax.sharding.Mesh, plan: Plan):
+               mesh: jax.sharding.Mesh, plan: Plan, metric_keys: Optional[Sequence[str]] = None):
+    """`metric_keys`: the learner's scalar metrics, where a loop of the same agent has them (a
+    sweep's loops at its grid points): working them out traces the learner's update."""
     self.exp, self.cfg, self.env, self.parts, self.mesh, self.plan = exp, agent_cfg, env, parts, mesh, plan
     agent = parts.agent
     self.learner = agent.make_learner(parts.networks, agent_cfg)
@@ -202,14 +205,17 @@ class DeviceLoop:
     self.updates_per_call = plan.kind.updates_per_call(exp.updates_per_call)
     self.multi_update = make_multi_update(self.learner.update)
     self.gather = device_replay.make_gather(mesh, plan.num_envs)
-    self.metric_keys = self._metric_keys()
+    if metric_keys is not None:
+      self.metric_keys = list(metric_keys)
     self.env_sharding = NamedSharding(mesh, P("data"))
     self.batch_sharding = NamedSharding(mesh, P(None, "data"))
     self.replicated = sharding.replicated(mesh)
 
   # Shapes and shardings.
 
-  def _metric_keys(self) -> List[str]:
+  @functools.cached_property
+  def metric_keys(self) -> List[str]:
+    """The learner's scalar metrics a row averages (worked out on first use: a trace of its update)."""
     state = jax.eval_shape(self.learner.init, jax.random.PRNGKey(0))
     example = self._example_batch()
     _, metrics = jax.eval_shape(self.learner.update, state, example)

@@ -137,7 +137,8 @@ class VmappedRuns:
     self.pipelined = (mesh.devices.flat[0].platform != "cpu") if pipelined is None else pipelined
     self.loop = loop = DeviceLoop(exp, agent_cfg, env, parts, mesh, plan)  # host-side shapes and schedule
     fields = sorted(points[0])
-    loop_at = lambda v: DeviceLoop(exp, _with_traced(agent_cfg, fields, v), env, parts, mesh, plan)
+    # The loops at the runs' points have the host loop's metrics: each would otherwise trace the update for them.
+    loop_at = lambda v: DeviceLoop(exp, _with_traced(agent_cfg, fields, v), env, parts, mesh, plan, loop.metric_keys)
     self.values = jnp.asarray([[point[f] for f in fields] for point in points], jnp.float32)  # [runs, fields]
     seeds = jnp.asarray([core.exp.seed for core in cores], jnp.int32)
     init = jax.vmap(lambda v, seed: loop_at(v).init(seed))
@@ -153,7 +154,8 @@ class VmappedRuns:
       raise ConfigError("resume", "some runs of the sweep have a checkpoint and some do not; resume all or none")
     self._host_carry: Optional[List[np.ndarray]] = None
     self._host_params: Optional[Any] = None
-    point_loop = lambda point: lambda: DeviceLoop(exp, dataclasses.replace(agent_cfg, **point), env, parts, mesh, plan)
+    point_loop = lambda point: lambda: DeviceLoop(exp, dataclasses.replace(agent_cfg, **point), env, parts, mesh, plan,
+                                                  loop.metric_keys)
     self.views = [SeedView(self, i, core, point_loop(point)) for i, (core, point) in enumerate(zip(cores, points))]
     if len({(v.env_steps, v.vector_steps) for v in self.views}) != 1:
       raise ConfigError("resume", "the runs' checkpoints are at different env steps; resume them one by one")
