@@ -677,8 +677,8 @@ class ProgramDriver:
     core.books.sessions = session.number
     self.evaluator = Evaluator(exp.env, parts.agent.make_policy(parts.networks, agent_cfg, evaluation=True),
                                exp.eval_episodes, seed=core.evaluator_seed, first_index=core.books.history.count)
+    self.over: bool = wait_unless_stopped(counter.futures.over())  # before the counts: see _look
     self._counts: Dict[str, float] = wait_unless_stopped(counter.futures.get_counts())
-    self.over: bool = wait_unless_stopped(counter.futures.over())
     self._last_time = time.monotonic()
     self._params, self.version = None, None
     self._printed: Tuple[Any, float] = (None, 0.0)  # the env steps (and lost hosts) of the last progress line, when
@@ -715,9 +715,12 @@ class ProgramDriver:
     """The counter's counts and word on the budget; the program's wall seconds (counted here, so
     that a restarted driver node continues them) are the core's clock."""
     now = time.monotonic()
+    # The budget's word first, the counts after: counts only grow, so counts read after `over`
+    # said yes are at or past the budget (read the other way round, an actor's last report could
+    # land between the two, and a finished run's summary said 3,296 of its 3,300 steps).
+    self.over = wait_unless_stopped(self._counter.futures.over())
     self._counts = wait_unless_stopped(self._counter.futures.increment(wall_seconds=now - self._last_time))
     self._last_time = now
-    self.over = wait_unless_stopped(self._counter.futures.over())
     self._params = None
     core.books.episodes_total = int(self._counts.get("episodes", 0))
     core.books.wall_before = self._counts.get("wall_seconds", 0.0)
