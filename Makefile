@@ -19,7 +19,9 @@ train: setup
 # real Launchpad programs, Slurm, whole commands), one pytest worker per core (PARALLEL; a test
 # file's tests share a worker). `make test-all` runs both tiers (CI does): the fast one so, then the
 # slow one a test at a time (its programs and clusters each want the whole machine), except the slow
-# tests marked in_pairs (one process each, seeded bytes rather than timing decide them): two at a time.
+# tests marked in_pairs (seeded bytes rather than timing decide them, and they start no Launchpad program
+# or cluster): two at a time, each worker taking the next test as it finishes one (worksteal: the
+# tier's tests run from seconds to minutes).
 # `make test-long` the learning runs of many minutes that CI leaves out (marked long).
 PARALLEL ?= -n auto --dist loadfile
 
@@ -29,7 +31,7 @@ test: setup
 test-all: setup
 	bash scripts/run_tests.sh -m "not slow" $(PARALLEL) $(PYTEST_ARGS); fast=$$?; \
 	bash scripts/run_tests.sh -m "slow and not long and not in_pairs" $(PYTEST_ARGS); slow=$$?; \
-	bash scripts/run_tests.sh -m "slow and not long and in_pairs" -n 2 $(PYTEST_ARGS); pairs=$$?; \
+	bash scripts/run_tests.sh -m "slow and not long and in_pairs" -n 2 --dist worksteal $(PYTEST_ARGS); pairs=$$?; \
 	[ $$fast -eq 0 ] && [ $$slow -eq 0 ] && [ $$pairs -eq 0 ]
 
 test-long: setup

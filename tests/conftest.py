@@ -48,8 +48,8 @@ def pytest_configure(config):
   config.addinivalue_line("markers", "needs_gymnax: needs gymnax (the device backend)")
   config.addinivalue_line("markers", "slow: trains to a threshold or starts real programs (make test-all)")
   config.addinivalue_line("markers", "long: a learning run of many minutes (make test-long; not in make test-all)")
-  config.addinivalue_line("markers", "in_pairs: a slow test in one process whose outcome is seeded bytes, not timing "
-                                     "(make test-all runs these two at a time)")
+  config.addinivalue_line("markers", "in_pairs: a slow test whose outcome is seeded bytes, not timing, and which "
+                                     "starts no Launchpad program or cluster (make test-all runs these two at a time)")
 
 
 def pytest_report_header(config):

@@ -141,6 +141,7 @@ def test_custom_agent_and_env_factory_distributed(tmp_path):
   assert summary["actor_steps"] >= 1500 and summary["learner_steps"] > 0 and summary["evaluations"] >= 1
 
 
+@pytest.mark.in_pairs
 @pytest.mark.slow
 def test_seed_sweep_example_compares_two_agents_in_one_report(tmp_path, monkeypatch, capsys):
   """Into its own folder by default: it wrote runs/compare, where the sweeps page has a user's
