@@ -20,6 +20,7 @@ AGENT_CASES = [
     ("hidden_sizes", (64, 0), "hidden_sizes: must be non-empty positive sizes, got (64, 0)"),
     ("torso", "vit", "torso: unknown torso 'vit'"),
     ("reward_clip", -1.0, "reward_clip: must be >= 0 (0: off), got -1.0"),
+    ("value_clip_epsilon", -0.2, "value_clip_epsilon: must be >= 0, got -0.2"),
 ]
 
 

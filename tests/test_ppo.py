@@ -1,13 +1,16 @@
-"""PPO: GAE across episode boundaries by hand and against rlax, the clipped objective by hand,
-the sequence adder, and transform properties of the update."""
+"""PPO: GAE across episode boundaries by hand and against rlax, the clipped objective and value
+clipping by hand, the evaluation policy's mode or samples, the sequence adder, and transform
+properties of the update."""
+
+import dataclasses
 
 import jax
 import numpy as np
 import pytest
 import rlax
 
-from jrl.agents import ppo
-from jrl.agents.ppo.learning import clipped_policy_loss, gae_advantages
+from jrl.agents import impala, ppo
+from jrl.agents.ppo.learning import Minibatch, clipped_policy_loss, gae_advantages, value_errors
 from jrl.replay.adders import SequenceAdder
 from jrl.specs import EnvSpec
 from jrl.types import LearnerBatch, Trajectory
@@ -48,6 +51,35 @@ def test_clipped_objective_by_hand():
   # min(r A, clip(r, 0.8, 1.2) A): 1.2*2=2.4, min(-1.1, -1.1)=-1.1, min(-1.8, -2.4)=-2.4, 0.9
   expected = -np.mean([2.4, -1.1, -2.4, 0.9])
   assert float(clipped_policy_loss(current, behaviour, advantages, 0.2)) == pytest.approx(expected, rel=1e-5)
+
+
+def test_value_clipping_by_hand():
+  # Old values (target - advantage): 1, 1, 1, 1; targets 2, 2, 0, 1.05; clipped to 1 +- 0.2.
+  data = Minibatch(None, None, None, np.array([1.0, 1.0, -1.0, 0.05], np.float32),
+                   np.array([2.0, 2.0, 0.0, 1.05], np.float32))
+  value = np.array([1.5, 0.5, 1.1, 2.0], np.float32)
+  # plain errors .25, 2.25, 1.21, .9025; clipped values 1.2, 0.8, 1.1, 1.2: .64, 1.44, 1.21, .0225
+  np.testing.assert_allclose(value_errors(value, data, 0.2), [0.64, 2.25, 1.21, 0.9025], rtol=1e-5)
+  np.testing.assert_allclose(value_errors(value, data, 0.0), [0.25, 2.25, 1.21, 0.9025], rtol=1e-5)
+
+
+@pytest.mark.parametrize("agent", [ppo, impala])
+def test_evaluation_takes_the_mode_unless_greedy_eval_is_false(agent):
+  cfg = agent.Config(hidden_sizes=(8,))
+  networks = agent.make_networks(SPEC, cfg)
+  params = networks.init(jax.random.PRNGKey(0))
+  obs = np.random.default_rng(0).normal(size=(256, 4)).astype(np.float32)
+  mode = np.argmax(np.asarray(networks.apply(params, obs)[0]), axis=-1)
+
+  def actions(greedy_eval, seed):
+    policy = agent.make_policy(networks, dataclasses.replace(cfg, greedy_eval=greedy_eval), evaluation=True)
+    action, _, _ = policy.select_action(params, obs, np.zeros(256, bool), policy.init(jax.random.PRNGKey(seed), 256))
+    return np.asarray(action)
+
+  np.testing.assert_array_equal(actions(True, 1), mode)
+  np.testing.assert_array_equal(actions(True, 2), mode)
+  sampled = actions(False, 1)  # initial logits are near even: samples differ from the mode about half the time
+  assert 64 < np.sum(sampled != mode) < 192 and np.any(sampled != actions(False, 2))
 
 
 def test_sequence_adder_marks_boundaries_and_keeps_extras():

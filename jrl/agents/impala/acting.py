@@ -1,4 +1,5 @@
-"""IMPALA policies: sample the categorical and report its logits (the behaviour policy) in extras."""
+"""IMPALA policies: sample the categorical and report its logits (the behaviour policy) in extras; for
+evaluation its mode, or a sample where cfg.greedy_eval is false."""
 
 from jrl.agents.actor_critic import Networks, make_categorical_policy
 from jrl.agents.impala.config import Config
@@ -6,5 +7,4 @@ from jrl.types import PolicyFns
 
 
 def make_policy(networks: Networks, cfg: Config, evaluation: bool = False) -> PolicyFns:
-  del cfg
-  return make_categorical_policy(networks, evaluation, report="logits")
+  return make_categorical_policy(networks, evaluation and cfg.greedy_eval, report="logits")

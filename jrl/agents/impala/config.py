@@ -27,6 +27,7 @@ class Config:
   batch_size: int = 8                 # trajectories per update
   hidden_sizes: Tuple[int, ...] = (64, 64)
   torso: str = "auto"               # auto (by observation shape), mlp, nature_cnn, impala_resnet, small_cnn
+  greedy_eval: bool = True          # evaluations act on the policy's mode; false: on samples of it (as it acts)
   reward_clip: float = 0.0          # each step's reward clipped to [-c, c] before replay (1 for Atari); 0: off
 
   def __post_init__(self):

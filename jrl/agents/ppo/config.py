@@ -4,7 +4,7 @@ import dataclasses
 from typing import Tuple
 
 from jrl.agents import on_policy
-from jrl.errors import require_positive, require_unit_interval
+from jrl.errors import require_non_negative, require_positive, require_unit_interval
 from jrl.networks import check_network_fields
 from jrl.replay.spec import ReplaySpec
 
@@ -22,6 +22,7 @@ class Config:
   clip_epsilon: float = 0.2
   entropy_cost: float = 0.01
   value_cost: float = 0.5
+  value_clip_epsilon: float = 0.0   # > 0: the value clipped to within this of the old one in its loss (clip_vloss); 0: off
   learning_rate: float = 1e-3
   adam_eps: float = 1e-5
   max_grad_norm: float = 0.5
@@ -32,12 +33,14 @@ class Config:
   batch_size: int = 8                # trajectories per learner call (num_envs of one actor fills one)
   hidden_sizes: Tuple[int, ...] = (64, 64)
   torso: str = "auto"               # auto (by observation shape), mlp, nature_cnn, impala_resnet, small_cnn
+  greedy_eval: bool = True          # evaluations act on the policy's mode; false: on samples of it (as it acts)
   reward_clip: float = 0.0          # each step's reward clipped to [-c, c] before replay (1 for Atari); 0: off
 
   def __post_init__(self):
     require_positive(self, "learning_rate", "max_grad_norm", "num_epochs", "num_minibatches", "batch_size",
                      "clip_epsilon")
     require_unit_interval(self, "discount", "gae_lambda")
+    require_non_negative(self, "value_clip_epsilon")
     self.replay_spec()  # validates the replay fields (sequence_length and reward_clip: the item kind's)
     on_policy.check_num_minibatches(self.batch_size, self.sequence_length, self.num_minibatches)
     check_network_fields(self.hidden_sizes, self.torso)

@@ -59,11 +59,23 @@ def loss(networks: Networks, params: Params, data: Minibatch, cfg: Config) -> Tu
   if cfg.normalize_advantages:
     advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
   policy_loss = clipped_policy_loss(log_prob, data.behaviour_log_prob, advantages, cfg.clip_epsilon)
-  value_loss = 0.5 * jnp.mean((value - data.value_target) ** 2)
+  value_loss = 0.5 * jnp.mean(value_errors(value, data, cfg.value_clip_epsilon))
   entropy = jnp.mean(dist.entropy())
   total = policy_loss + cfg.value_cost * value_loss - cfg.entropy_cost * entropy
   return total, {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy,
                  "clip_fraction": jnp.mean(jnp.abs(ratio - 1.0) > cfg.clip_epsilon)}
+
+
+def value_errors(value: Array, data: Minibatch, epsilon: float) -> Array:
+  """Squared errors of `value` [M] against the lambda-returns. With epsilon > 0, the larger of that and
+  the error of the value clipped to within epsilon of the one that made the targets (target -
+  advantage): a step does not move the value far from it (PPO's value clipping)."""
+  errors = (value - data.value_target) ** 2
+  if epsilon <= 0:
+    return errors
+  old_value = data.value_target - data.advantage
+  clipped = old_value + jnp.clip(value - old_value, -epsilon, epsilon)
+  return jnp.maximum(errors, (clipped - data.value_target) ** 2)
 
 
 LossFn = Callable[[Networks, Params, Minibatch, Config], Tuple[Array, Dict[str, Array]]]
