@@ -9,8 +9,9 @@ folder under --run_dir). The agents run the way their published anchors were mea
 
 - PPO: gymnax-blines' settings (an MLP of 256x2 on the flattened planes, 64 envs, 128 steps,
   8 minibatches, 4 epochs, lr 5e-4, discount 0.999, GAE 0.95, entropy 0.01, gradient norm 0.5;
-  its learning-rate warm-up is not reproduced) on gymnax's MinAtar ports, through the device
-  backend with the three seeds in one vmapped program (gymnax-blines trained on those ports too).
+  its learning-rate "warm-up" goes from 5e-4 to 5e-4, a constant) on gymnax's MinAtar ports,
+  through the device backend with the three seeds in one vmapped program (gymnax-blines trained
+  on those ports too); evaluations sample the policy, as gymnax-blines' test rollouts do.
 - DQN: the MinAtar paper's environment (the `minatar` package: sticky actions 0.1) through the
   embedded runner with its seeded replay (`--deterministic`: sampling and inserts in the run's
   own thread, no Reverb server or sampler thread contending for its core), two games at a time,
@@ -20,9 +21,10 @@ folder under --run_dir). The agents run the way their published anchors were mea
   epsilon 1 to 0.05 over 100k steps); the paper trains every step on 32 samples (a sample/insert
   ratio of 32), this runs 8.
 
-Scores are greedy evaluations (`--eval_episodes 32` every `--eval_every` steps): the final one
-and the best over the run. The published values are read from the papers' learning curves at
-the same budget (they are curves' averages, not greedy evaluations: the comparison is indicative).
+Scores are evaluations of 32 episodes every `--eval_every` steps (DQN's greedy, PPO's sampling
+its policy): the final one and the best over the run. The published values are read from the
+papers' learning curves at the same budget (the MinAtar paper's are not greedy evaluations:
+DQN's comparison is indicative).
 Each finished game's per-run rows go to docs/results/reference-<agent>-<steps>.json (date, commit,
 machine, command) as soon as its sweep ends, and docs/results.md is rebuilt from them.
 """
@@ -232,10 +234,11 @@ def render_table(records: List[Dict[str, Any]]) -> str:
            "DQN and PPO on four MinAtar games, three seeds each, beside the published values at the same",
            "budget. Rebuilt by `.venv/bin/python bench/reference.py --table` from the per-run records in",
            "`docs/results/` (each written by `make reference AGENT=...`, whose docstring gives the settings).", "",
-           "Scores are greedy evaluations of 32 episodes: the final one and the best of the run; mean over",
-           "the seeds with a 95% bootstrap CI (rliable, 20,000 resamples; with three seeds the IQM is the",
-           "mean). The published values are read from the sources' learning curves, which average",
-           "training or test episodes rather than a greedy policy's: the comparison is indicative.",
+           "Scores are evaluations of 32 episodes: the final one and the best of the run; mean over the",
+           "seeds with a 95% bootstrap CI (rliable, 20,000 resamples; with three seeds the IQM is the mean).",
+           "DQN's evaluations are greedy. PPO's sample the policy (its preset's `greedy_eval: false`), as",
+           "gymnax-blines' test rollouts, its anchor, do. The published values are read from the sources'",
+           "learning curves; the MinAtar paper's are not greedy evaluations: DQN's comparison is indicative.",
            "Wall times are the whole sweep's (start to exit, compilation included; summed where a",
            "game's seeds ran in more than one sweep). A run's share of the machine is the sweep's wall",
            "over its runs, halved where two games' sweeps ran at once, a core each (DQN: two lanes,",

@@ -18,14 +18,15 @@ from jrl.experiment.presets import find_preset, load_presets
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The reference table's rows as their commands spelled them out before presets existed
-# (docs/results.md, records of 2026-12-02): the presets must be these settings.
+# (docs/results.md, records of 2026-12-02; PPO's evaluations sample the policy since 2026-12-06):
+# the presets must be these settings.
 DQN_ROW = ["--num_envs", "8", "--batch_size", "32", "--samples_per_insert", "8", "--updates_per_call", "8",
            "--learning_rate", "3e-4", "--min_replay_size", "5000", "--max_replay_size", "100000",
            "--epsilon_decay_steps", "100000", "--target_update_period", "1000", "--deterministic"]
 PPO_ROW = ["--backend", "device", "--num_envs", "64", "--batch_size", "64", "--sequence_length", "128",
            "--num_minibatches", "8", "--num_epochs", "4", "--learning_rate", "5e-4", "--discount", "0.999",
            "--gae_lambda", "0.95", "--entropy_cost", "0.01", "--max_grad_norm", "0.5", "--hidden_sizes", "256,256",
-           "--torso", "mlp"]
+           "--torso", "mlp", "--greedy_eval", "false"]
 
 
 def _configs(agent, env, argv):
