@@ -3,7 +3,8 @@
   python -m launch.evaluate RUN_DIR [--which best|final|latest] [--episodes N] [--seed S] [--video FILE.mp4]
 
 Rebuilds the agent from RUN_DIR/config.json, loads RUN_DIR/policies/<which>.msgpack and
-prints the mean ± std return of the greedy policy over N episodes, one per env.
+prints the mean ± std return of the run's evaluation policy over N episodes, one per env
+(greedy; PPO's and IMPALA's sample their policy where the run's greedy_eval is false).
 By default the episodes are those of the snapshot's own evaluation in the run (the
 run's eval_episodes, the evaluator seed and evaluation index its .json records), so
 `--which best` repeats the run's best evaluation exactly. `--seed S` runs other

@@ -65,7 +65,7 @@ def learning_curve_figure(run_dir: str, title: str, reward_threshold: Optional[f
             label="training episodes (mean per row)")
   if evaluation.get("eval_return"):
     ax.plot(evaluation["actor_steps"], evaluation["eval_return"], "o-", color="tab:blue",
-            label="greedy evaluation (mean)")
+            label="evaluation (mean)")
   if reward_threshold is not None:
     ax.axhline(reward_threshold, color="tab:green", linestyle="--", label=f"threshold {reward_threshold:g}")
   ax.set_xlabel("env steps")

@@ -1,8 +1,9 @@
 """Reports over many runs: score matrices, rliable aggregates with stratified bootstrap CIs,
 learning curves, steps to threshold and performance profiles, as markdown and PNGs.
 
-What is aggregated: a run's *score* is its final evaluation return, the mean greedy return of
-its last evaluation (the last row of `metrics/evaluator.csv`, `summary.json`'s `eval_return`).
+What is aggregated: a run's *score* is its final evaluation return, the mean return of its last
+evaluation (greedy unless the agent's greedy_eval is false; the last row of `metrics/evaluator.csv`,
+`summary.json`'s `eval_return`).
 Within one env the scores are raw returns. Across envs, each score is divided by its env's
 reward threshold (1.0 = solved), for envs whose threshold is positive.
 
@@ -231,7 +232,7 @@ def build_report(runs: Sequence[Run], reps: int = DEFAULT_REPS, seed: int = 0,
   out: Dict[str, Any] = {"bootstrap": {"method": "percentile stratified bootstrap (rliable)", "reps": reps,
                                        "curve_and_profile_reps": curve_reps, "seed": seed,
                                        "confidence": CI_SIZE},
-                         "score": "final evaluation return (mean greedy return of the last evaluation)",
+                         "score": "final evaluation return (mean return of the last evaluation, greedy unless greedy_eval is false)",
                          "groups": [], "across_envs": []}
   for (agent, env), members in groups.items():
     matrix = score_matrix(members)
@@ -309,8 +310,8 @@ def render_markdown(report: Dict[str, Any]) -> str:
   b = report["bootstrap"]
   lines = [
       "# Sweep report", "",
-      "**Score**: a run's final evaluation return, the mean greedy return of its last evaluation "
-      "(last row of `metrics/evaluator.csv`, `eval_return` in `summary.json`). Within an env the scores "
+      "**Score**: a run's final evaluation return, the mean return of its last evaluation (greedy unless "
+      "the agent's greedy_eval is false; last row of `metrics/evaluator.csv`, `eval_return` in `summary.json`). Within an env the scores "
       "are raw returns; across envs each is divided by the env's reward threshold (1.0 = solved).",
       "",
       f"**Aggregates**: IQM (mean of the middle 50% of runs) and mean over the runs of each (agent, env), "
