@@ -61,6 +61,9 @@ def test_value_clipping_by_hand():
   # plain errors .25, 2.25, 1.21, .9025; clipped values 1.2, 0.8, 1.1, 1.2: .64, 1.44, 1.21, .0225
   np.testing.assert_allclose(value_errors(value, data, 0.2), [0.64, 2.25, 1.21, 0.9025], rtol=1e-5)
   np.testing.assert_allclose(value_errors(value, data, 0.0), [0.25, 2.25, 1.21, 0.9025], rtol=1e-5)
+  traced = jax.jit(lambda eps: value_errors(value, data, eps))  # a sweep's grid may trace it
+  np.testing.assert_allclose(traced(0.2), [0.64, 2.25, 1.21, 0.9025], rtol=1e-5)
+  np.testing.assert_allclose(traced(0.0), [0.25, 2.25, 1.21, 0.9025], rtol=1e-5)
 
 
 @pytest.mark.parametrize("agent", [ppo, impala])

@@ -71,11 +71,12 @@ def value_errors(value: Array, data: Minibatch, epsilon: float) -> Array:
   the error of the value clipped to within epsilon of the one that made the targets (target -
   advantage): a step does not move the value far from it (PPO's value clipping)."""
   errors = (value - data.value_target) ** 2
-  if epsilon <= 0:
+  if isinstance(epsilon, (int, float)) and epsilon <= 0:
     return errors
   old_value = data.value_target - data.advantage
   clipped = old_value + jnp.clip(value - old_value, -epsilon, epsilon)
-  return jnp.maximum(errors, (clipped - data.value_target) ** 2)
+  # A vmapped sweep's grid may trace epsilon (0 among its values): off there is a select, not a branch.
+  return jnp.where(epsilon > 0, jnp.maximum(errors, (clipped - data.value_target) ** 2), errors)
 
 
 LossFn = Callable[[Networks, Params, Minibatch, Config], Tuple[Array, Dict[str, Array]]]
