@@ -38,12 +38,9 @@ def main() -> None:
   parser.add_argument("--out", default=None)
   args = parser.parse_args()
   import rlax, distrax  # noqa: F401,E401  (TFP before anything that may import TensorFlow)
-  import jax
   import numpy as np
   from jrl.experiment.snapshots import load_snapshot
-  from jrl.gymnax_envs import GymnaxVecEnv
-  from jrl.run.device.loop import evaluate_episodes, evaluation_key
-  from launch.evaluate import evaluation_seed
+  from launch.evaluate import device_player, evaluation_seed
 
   plays, rows, by_env = {}, [], defaultdict(list)
   for run_dir in run_dirs(args.run_dirs):
@@ -57,14 +54,11 @@ def main() -> None:
     row = {"run_dir": run_dir, "env": exp.env, "seed": exp.seed, "recorded": snap.info.get("eval_return"),
            "greedy_eval": snap.agent_config.greedy_eval}
     for greedy in (True, False):
-      fn_key = (exp.env, repr(dataclasses.replace(snap.agent_config, greedy_eval=greedy)), episodes)
-      if fn_key not in plays:  # one compilation per env and protocol, for all its seeds
-        policy = parts.agent.make_policy(parts.networks, dataclasses.replace(snap.agent_config, greedy_eval=greedy),
-                                         evaluation=True)
-        env = GymnaxVecEnv(exp.env)
-        plays[fn_key] = jax.jit(lambda p, k, env=env, policy=policy: evaluate_episodes(env, policy, p, k, episodes))
-      returns = np.asarray(plays[fn_key](snap.params, evaluation_key(seed, index)))
-      row["greedy" if greedy else "sampled"] = float(returns.mean())
+      cfg = dataclasses.replace(snap.agent_config, greedy_eval=greedy)
+      play_key = (exp.env, repr(cfg), episodes)  # a sweep's runs share it: one compilation for all its seeds
+      if play_key not in plays:
+        plays[play_key] = device_player(exp, parts.agent.make_policy(parts.networks, cfg, evaluation=True), episodes)
+      row["greedy" if greedy else "sampled"] = float(plays[play_key](snap.params, seed, index).mean())
     rows.append(row)
     by_env[exp.env].append(row)
     print(f"{run_dir}: recorded {row['recorded']:.3f} | greedy {row['greedy']:.3f} | sampled {row['sampled']:.3f}",

@@ -36,16 +36,23 @@ def evaluation_seed(exp, info: Dict[str, Any]) -> Tuple[int, int]:
   return exp.seed + EVAL_SEED_OFFSET, 0
 
 
-def device_returns(exp, policy, params, episodes: int, seed: int, index: int):
-  """Returns of a device run's policy over `episodes` gymnax envs, as the run's evaluation
-  `index` with evaluator seed `seed` played them (`jrl.run.device.loop.evaluate_episodes`)."""
+def device_player(exp, policy, episodes: int):
+  """play(params, seed, index) -> returns [episodes] of `policy` on the run's gymnax env, as the
+  run's evaluation `index` with evaluator seed `seed` played them
+  (`jrl.run.device.loop.evaluate_episodes`); compiled once for all the params it is given."""
   import jax
   import numpy as np
   from jrl.gymnax_envs import GymnaxVecEnv
   from jrl.run.device.loop import evaluate_episodes, evaluation_key
   env = GymnaxVecEnv(exp.env)
   play = jax.jit(lambda p, k: evaluate_episodes(env, policy, p, k, episodes))
-  return np.asarray(play(params, evaluation_key(seed, index)))
+  return lambda params, seed, index: np.asarray(play(params, evaluation_key(seed, index)))
+
+
+def device_returns(exp, policy, params, episodes: int, seed: int, index: int):
+  """Returns of a device run's policy over `episodes` gymnax envs, as the run's evaluation
+  `index` with evaluator seed `seed` played them."""
+  return device_player(exp, policy, episodes)(params, seed, index)
 
 
 def _format(value) -> str:

@@ -232,7 +232,8 @@ def build_report(runs: Sequence[Run], reps: int = DEFAULT_REPS, seed: int = 0,
   out: Dict[str, Any] = {"bootstrap": {"method": "percentile stratified bootstrap (rliable)", "reps": reps,
                                        "curve_and_profile_reps": curve_reps, "seed": seed,
                                        "confidence": CI_SIZE},
-                         "score": "final evaluation return (mean return of the last evaluation, greedy unless greedy_eval is false)",
+                         "score": "final evaluation return (mean return of the last evaluation, greedy unless "
+                                  "greedy_eval is false)",
                          "groups": [], "across_envs": []}
   for (agent, env), members in groups.items():
     matrix = score_matrix(members)
@@ -311,8 +312,9 @@ def render_markdown(report: Dict[str, Any]) -> str:
   lines = [
       "# Sweep report", "",
       "**Score**: a run's final evaluation return, the mean return of its last evaluation (greedy unless "
-      "the agent's greedy_eval is false; last row of `metrics/evaluator.csv`, `eval_return` in `summary.json`). Within an env the scores "
-      "are raw returns; across envs each is divided by the env's reward threshold (1.0 = solved).",
+      "the agent's greedy_eval is false; last row of `metrics/evaluator.csv`, `eval_return` in `summary.json`). "
+      "Within an env the scores are raw returns; across envs each is divided by the env's reward threshold "
+      "(1.0 = solved).",
       "",
       f"**Aggregates**: IQM (mean of the middle 50% of runs) and mean over the runs of each (agent, env), "
       f"with {b['confidence']:.0%} confidence intervals from rliable's stratified bootstrap "
