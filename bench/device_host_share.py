@@ -1,7 +1,8 @@
 """The host's share of a vmapped device sweep: one seed against N, side by side in one run.
 
   .venv/bin/python bench/device_host_share.py [--seeds 16] [--steps 500000] [--syncs 32]
-                                              [--agent ppo] [--env gymnax:CartPole-v1] [--out host_share.json]
+                                              [--agent ppo] [--env gymnax:CartPole-v1] [--arms both|typed|same]
+                                              [--out host_share.json]
 
 The device-loop issue asks that the host's work of a sweep (each run report's `eval` + `other`
 seconds) not grow with its runs. Two pairs of arms, each arm its own process:
@@ -18,9 +19,9 @@ seconds) not grow with its runs. Two pairs of arms, each arm its own process:
                means.
 
 For each arm: wall, loop, compile and host seconds (eval + other), the number of host syncs
-(`details.host_syncs`), host milliseconds per sync, and the host seconds a vmapped sweep spent
-while its device computed (`overlapped_host_seconds`, not counted as host). Prints a table and
-writes --out. Run it on a quiet machine: the host figures are seconds of wall.
+(`details.host_syncs`) and host milliseconds per sync. `--arms same` runs the same-syncs pair
+only. Prints a table and writes --out. Run it on a quiet machine: the host figures are seconds
+of wall.
 """
 
 import argparse
@@ -61,7 +62,6 @@ def figures(run_dirs, wall: float) -> dict:
   return {"wall_seconds": round(wall, 1), "loop_seconds": round(phases["device_loop"], 2),
           "compile_seconds": round(phases["compile"], 2), "host_seconds": round(host, 3), "host_syncs": syncs,
           "host_ms_per_sync": round(1e3 * host / syncs, 2) if syncs else None,
-          "overlapped_host_seconds": details.get("overlapped_host_seconds"),
           "best_min": min(s["best_eval_return"] for s in summaries)}
 
 
@@ -98,6 +98,7 @@ def main(argv=None) -> int:
   parser.add_argument("--syncs", type=int, default=32, help="host syncs of the 'same syncs' arms")
   parser.add_argument("--agent", default="ppo")
   parser.add_argument("--env", default="gymnax:CartPole-v1")
+  parser.add_argument("--arms", choices=("both", "typed", "same"), default="both")
   parser.add_argument("--out", default="host_share.json")
   parser.add_argument("--child", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
@@ -107,7 +108,8 @@ def main(argv=None) -> int:
   folder = tempfile.mkdtemp(prefix="host-share-")
   record = {"date": time.strftime("%Y-%m-%d"), "seeds": args.seeds, "steps": args.steps, "syncs": args.syncs,
             "agent": args.agent, "env": args.env, "arms": {}}
-  for name, arm in (("as typed", as_typed), ("same syncs", same_syncs)):
+  pairs = {"typed": [("as typed", as_typed)], "same": [("same syncs", same_syncs)]}
+  for name, arm in pairs.get(args.arms, pairs["typed"] + pairs["same"]):
     for seeds in (1, args.seeds):
       record["arms"][f"{name}, {seeds} seed{'s' if seeds > 1 else ''}"] = arm(args, seeds, folder)
       print(f"{name}, {seeds} seeds: {record['arms'][list(record['arms'])[-1]]}", flush=True)
@@ -116,11 +118,11 @@ def main(argv=None) -> int:
     record[f"{name}: host share of a single run's wall"] = round(one["host_seconds"] / one["wall_seconds"], 3)
   with open(args.out, "w") as f:
     json.dump(record, f, indent=1)
-  print("\n| arm | wall s | loop s | compile s | host s (eval + other) | host syncs | host ms/sync | overlapped s |")
-  print("|---|---:|---:|---:|---:|---:|---:|---:|")
+  print("\n| arm | wall s | loop s | compile s | host s (eval + other) | host syncs | host ms/sync |")
+  print("|---|---:|---:|---:|---:|---:|---:|")
   for name, a in record["arms"].items():
     print(f"| {name} | {a['wall_seconds']} | {a['loop_seconds']} | {a['compile_seconds']} | {a['host_seconds']} | "
-          f"{a['host_syncs']} | {a['host_ms_per_sync']} | {a['overlapped_host_seconds']} |")
+          f"{a['host_syncs']} | {a['host_ms_per_sync']} |")
   for key in record:
     if key.endswith("ratio") or key.endswith("wall"):
       print(f"{key}: {record[key]}")

@@ -2,6 +2,8 @@
 rows and evaluations fall, computed ahead from the run core's marks, against hand-worked
 chunks; the learner-call schedule against `calls_due` count by count; the threshold in float32."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -159,3 +161,87 @@ def test_a_sweeps_books_after_a_chunk_follow_the_histories_rule():
     history.record(0, np.array([mean]), mean=float(mean))
   assert np.float32(max(history.returns)) == after.best[0]
   assert books_after(books, 0, means).best.tolist() == books.best.tolist()
+
+
+def test_one_chunk_of_two_runs_books_each_runs_rows_and_evaluations_as_hand_worked(tmp_path):
+  """`account_chunk` on a hand-made chunk of two runs (4 iterations of 100 env steps, rows after
+  iterations 1 and 3, evaluations after 2 and 3, 2 s on the device; run 0 had an open row of one
+  episode and one learner call): each run's CSV rows, evaluations, best policy and books, worked
+  out by hand from the chunk's sums. A best the device saw that the host's history does not is
+  an error."""
+  import csv
+  import types
+  from jrl.agents import dqn
+  from jrl.experiment.config import ExperimentConfig
+  from jrl.run.core import RunCore
+  from jrl.run.device.loop import ChunkOutputs, Plan
+  from jrl.run.device.runner import ChunkSchedule, SeedHost, account_chunk
+  plan = Plan(Transitions(), 4, 1, 1, 0, 100, 8, 2, 2)
+  stats = {"return_sum": np.float32, "episodes": np.int32, "length_sum": np.int32, "calls": np.int32,
+           "loss": np.float32}
+  loop = types.SimpleNamespace(updates_per_call=2, metric_keys=("loss",), stat_dtypes=lambda: stats)
+  hosts, cores = [], []
+  for run in (0, 1):
+    exp = ExperimentConfig(agent="dqn", env="gymnax:CartPole-v1", backend="device", steps=10_000, log_every=200,
+                           eval_every=300, eval_episodes=2, seed=run, progress_seconds=0,
+                           run_dir=str(tmp_path / f"r{run}"))
+    core = RunCore(exp, dqn.Config(), None)
+    core.open(0, f"r{run}")
+    host = SeedHost()
+    host._init_host(core, loop, plan)
+    cores.append(core)
+    hosts.append(host)
+  hosts[0].pending = {"return_sum": 10.0, "episodes": 1, "length_sum": 10, "calls": 1, "loss": 0.5}
+  cores[0].books.episodes_total = 1
+  rows = {"return_sum": [[30, 20, 5], [12, 0, 7]], "episodes": [[3, 1, 0], [2, 0, 1]],
+          "length_sum": [[30, 20, 5], [12, 0, 7]], "calls": [[3, 2, 1], [2, 2, 1]],
+          "loss": [[1.5, 1.0, 0.25], [0.75, 0.5, 0.125]]}
+  out = lambda best_slot: ChunkOutputs(
+      {k: np.asarray(v, stats[k]) for k, v in rows.items()},
+      np.asarray([[[1, 3], [5, 5]], [[8, 8], [4, 6]]], np.float32), np.asarray([[2, 5], [8, 5]], np.float32),
+      {"calls": np.asarray([[3, 4], [3, 4]], np.int32), "episodes": np.asarray([[2, 3], [2, 2]], np.int32)},
+      np.asarray(best_slot, np.int32), None, np.asarray([4, 4], np.int32))
+  schedule = ChunkSchedule(4, (1, 3), (2, 3), (1, 2, 3), None)
+  params = {"w": np.asarray([[1.0], [2.0]], np.float32)}
+  account_chunk(hosts, cores, schedule, out([1, 0]), 2.0, [10.0, 20.0], lambda: params)
+  for core, host in zip(cores, hosts):
+    core.close(host)
+  read = lambda run, role: [{k: float(v) for k, v in row.items()}
+                            for row in csv.DictReader(open(tmp_path / f"r{run}" / "metrics" / f"{role}.csv"))]
+  nan = float("nan")
+  actor = lambda steps, episodes, ret, wall: {"actor_steps": steps, "episodes": episodes, "episode_return": ret,
+                                              "episode_length": ret, "steps_per_second": 200.0, "wall_seconds": wall}
+  learner = lambda steps, updates, loss, wall: {"actor_steps": steps, "learner_steps": updates, "loss": loss,
+                                                "updates_per_second": 4.0, "wall_seconds": wall}
+  evaluator = lambda steps, updates, mean, std, low, high, wall: {
+      "actor_steps": steps, "learner_steps": updates, "eval_return": mean, "eval_return_std": std,
+      "eval_return_min": low, "eval_return_max": high, "wall_seconds": wall}
+  assert read(0, "actor") == [actor(200, 3, 10.0, 11.0), actor(400, 4, 20.0, 12.0)]
+  got = read(1, "actor")
+  assert got[0] == actor(200, 2, 6.0, 21.0) and np.isnan(got[1].pop("episode_return"))
+  assert np.isnan(got[1].pop("episode_length")) and got[1] == {"actor_steps": 400, "episodes": 2,
+                                                               "steps_per_second": 200.0, "wall_seconds": 22.0}
+  assert read(0, "learner") == [learner(200, 4, 0.5, 11.0), learner(400, 8, 0.5, 12.0)]
+  assert read(1, "learner") == [learner(200, 4, 0.375, 21.0), learner(400, 8, 0.25, 22.0)]
+  assert read(0, "evaluator") == [evaluator(300, 6, 2.0, 1.0, 1.0, 3.0, 11.5), evaluator(400, 8, 5.0, 0.0, 5.0, 5.0, 12.0)]
+  assert read(1, "evaluator") == [evaluator(300, 6, 8.0, 0.0, 8.0, 8.0, 21.5),
+                                  evaluator(400, 8, 5.0, 1.0, 4.0, 6.0, 22.0)]
+  for run, (index, steps, mean) in enumerate([(1, 400, 5.0), (0, 300, 8.0)]):
+    best = json.loads((tmp_path / f"r{run}" / "policies" / "best.json").read_text())
+    assert (best["eval_index"], best["actor_steps"], best["eval_return"]) == (index, steps, mean), best
+  for run, (host, core) in enumerate(zip(hosts, cores)):
+    assert (host.env_steps, host.vector_steps, host.learner_steps, host.device_evaluations) == (400, 100, 10, 2)
+    assert (core.books.next_log, core.books.next_eval, core.books.last_eval_steps) == (600, 600, 400)
+    assert core.books.history.returns == [[2.0, 5.0], [8.0, 5.0]][run]
+    assert core.books.episodes_total == [4, 3][run] and host.row_mark == (2.0, 400, 8)
+  assert hosts[0].pending == {"return_sum": 5.0, "episodes": 0, "length_sum": 5, "calls": 1, "loss": 0.25}
+  with pytest.raises(AssertionError, match="evaluation 1 of the chunk: best on device"):
+    account_chunk(hosts[1:], cores[1:], schedule, jax_free_run(out([1, 1]), 1), 2.0, [20.0], lambda: params)
+
+
+def jax_free_run(out, i):
+  """Run i's part of a ChunkOutputs of numpy arrays, keeping the runs axis (a sweep of one)."""
+  part = lambda x: None if x is None else x[i:i + 1]
+  return out._replace(rows={k: part(v) for k, v in out.rows.items()}, eval_returns=part(out.eval_returns),
+                      eval_means=part(out.eval_means), eval_counts={k: part(v) for k, v in out.eval_counts.items()},
+                      best_slot=part(out.best_slot), iterations=part(out.iterations))

@@ -2,7 +2,7 @@
 success-threshold rule (`jrl.experiment.builder.success_threshold` gives the threshold)."""
 
 import dataclasses
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -20,14 +20,23 @@ class EvalHistory:
     `mean`: the returns' mean as the evaluating device computed it (its float32 sum order), so
     that a decision taken there on it (a new best, the threshold) is the one recorded here."""
     mean = float(np.mean(episode_returns)) if mean is None else float(mean)
-    is_best = not self.returns or mean > max(self.returns)
-    self.returns.append(mean)
-    self.actor_steps.append(int(actor_steps))
-    if self.steps_to_threshold is None and self.threshold is not None and mean >= self.threshold:
-      self.steps_to_threshold = int(actor_steps)
-    return {"eval_return": mean, "eval_return_std": float(np.std(episode_returns)),
-            "eval_return_min": float(np.min(episode_returns)), "eval_return_max": float(np.max(episode_returns)),
-            "is_best": float(is_best)}
+    is_best, = self.extend([actor_steps], [mean])
+    return evaluation_row(mean, episode_returns, is_best)
+
+  def extend(self, actor_steps: Sequence[int], means: Sequence[float]) -> List[bool]:
+    """Adds evaluations by their mean returns, in order; whether each was a new best (the first,
+    or above every one before it)."""
+    best = max(self.returns) if self.returns else None
+    bests = []
+    for steps, mean in zip(actor_steps, means):
+      mean = float(mean)
+      bests.append(best is None or mean > best)
+      best = mean if bests[-1] else best
+      self.returns.append(mean)
+      self.actor_steps.append(int(steps))
+      if self.steps_to_threshold is None and self.threshold is not None and mean >= self.threshold:
+        self.steps_to_threshold = int(steps)
+    return bests
 
   @property
   def reached(self) -> bool:
@@ -49,3 +58,10 @@ class EvalHistory:
   @classmethod
   def from_state(cls, state: Dict[str, Any]) -> "EvalHistory":
     return cls(**state)
+
+
+def evaluation_row(mean: float, episode_returns, is_best: bool) -> Dict[str, float]:
+  """An evaluation's metric row: its mean (as recorded) and its returns' spread."""
+  return {"eval_return": float(mean), "eval_return_std": float(np.std(episode_returns)),
+          "eval_return_min": float(np.min(episode_returns)), "eval_return_max": float(np.max(episode_returns)),
+          "is_best": float(is_best)}

@@ -30,7 +30,7 @@ import os
 import shutil
 import signal
 import time
-from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -66,6 +66,25 @@ def evaluator_row(actor_steps, learner_steps, row: Dict[str, float], wall_second
   """The evaluator's metric row of one evaluation."""
   return {"actor_steps": actor_steps, "learner_steps": learner_steps, **extra,
           **{k: v for k, v in row.items() if k != "is_best"}, "wall_seconds": wall_seconds}
+
+
+def actor_row(env_steps: int, episodes: int, episode_return: Optional[float], episode_length: Optional[float],
+              steps_per_second: float, wall_seconds: float) -> Dict[str, Any]:
+  """The actor's metric row (NaN where no episode ended since the last row)."""
+  nan = float("nan")
+  return {"actor_steps": env_steps, "episodes": episodes,
+          "episode_return": nan if episode_return is None else episode_return,
+          "episode_length": nan if episode_length is None else episode_length,
+          "steps_per_second": steps_per_second, "wall_seconds": wall_seconds}
+
+
+def learner_row(env_steps: int, learner_steps: int, learner_metrics: Dict[str, float], updates_per_second: float,
+                wall_seconds: float) -> Optional[Dict[str, Any]]:
+  """The learner's metric row; None without metrics (no update since the last row)."""
+  if not learner_metrics:
+    return None
+  return {"actor_steps": env_steps, "learner_steps": learner_steps, **learner_metrics,
+          "updates_per_second": updates_per_second, "wall_seconds": wall_seconds}
 
 
 def eval_text(history: EvalHistory) -> str:
@@ -251,23 +270,24 @@ class RunCore:
                  episode_length: Optional[float], steps_per_second: float, updates_per_second: float,
                  learner_metrics: Dict[str, float], wall_seconds: float) -> None:
     """The actor's row, the learner's (when it has metrics) and the progress line."""
-    nan = float("nan")
-    actor = {"actor_steps": env_steps, "episodes": self.books.episodes_total,
-             "episode_return": nan if episode_return is None else episode_return,
-             "episode_length": nan if episode_length is None else episode_length,
-             "steps_per_second": steps_per_second, "wall_seconds": wall_seconds}
-    learner = {"actor_steps": env_steps, "learner_steps": learner_steps, **learner_metrics,
-               "updates_per_second": updates_per_second, "wall_seconds": wall_seconds} if learner_metrics else None
-    episode_text = "-" if episode_return is None else f"{episode_return:.1f}"
-    progress = self.progress_text(env_steps, steps_per_second, f"{learner_steps} ({updates_per_second:.0f}/s)",
-                                  f"episode return {episode_text}")
+    actor = actor_row(env_steps, self.books.episodes_total, episode_return, episode_length, steps_per_second,
+                      wall_seconds)
+    learner = learner_row(env_steps, learner_steps, learner_metrics, updates_per_second, wall_seconds)
+    progress = self.row_progress_text(env_steps, learner_steps, episode_return, steps_per_second, updates_per_second)
 
     def write() -> None:
       self.loggers["actor"].write(actor)
       if learner is not None:
         self.loggers["learner"].write(learner)
       self.progress.maybe_print(progress)
-    self._write(write)
+    self.submit(write)
+
+  def row_progress_text(self, env_steps: int, learner_steps: int, episode_return: Optional[float],
+                        steps_per_second: float, updates_per_second: float) -> str:
+    """The progress line of a metric row."""
+    episode_text = "-" if episode_return is None else f"{episode_return:.1f}"
+    return self.progress_text(env_steps, steps_per_second, f"{learner_steps} ({updates_per_second:.0f}/s)",
+                              f"episode return {episode_text}")
 
   def progress_text(self, env_steps: float, steps_per_second: float, updates: str, episodes: str,
                     after: str = "") -> str:
@@ -276,7 +296,7 @@ class RunCore:
     return (f"steps {env_steps:.0f}/{self.exp.steps} | {steps_per_second:.0f} env-steps/s | updates {updates} | "
             f"{episodes} | eval {eval_text(self.books.history)}" + (f" | {after}" if after else ""))
 
-  def _write(self, write: Callable[[], None]) -> None:
+  def submit(self, write: Callable[[], None]) -> None:
     """A file write: on the background writer where the run has one, else now."""
     if self.writer is not None:
       self.writer.submit(write)
@@ -289,9 +309,9 @@ class RunCore:
       self.writer.drain()
 
   def _snapshot(self, name: str, params, driver: Driver, **extra) -> None:
-    self._snapshot_at(name, params, driver.env_steps, driver.learner_steps, **extra)
+    self.snapshot_at(name, params, driver.env_steps, driver.learner_steps, **extra)
 
-  def _snapshot_at(self, name: str, params, env_steps: int, learner_steps: int, **extra) -> None:
+  def snapshot_at(self, name: str, params, env_steps: int, learner_steps: int, **extra) -> None:
     if self.follower:
       return
     with self.timer.phase(CHECKPOINT), self.failed_writes.attempt(f"policy snapshot '{name}'"):
@@ -328,9 +348,26 @@ class RunCore:
     def write() -> None:
       self.loggers["evaluator"].write(written)
       if row["is_best"] and params is not None:
-        self._snapshot_at("best", params, *counts, **info)
-    self._write(write)
+        self.snapshot_at("best", params, *counts, **info)
+    self.submit(write)
     return row
+
+  def book_evaluations(self, actor_steps: Sequence[int], means: Sequence[float], episodes: int) -> List[bool]:
+    """Books evaluations a driver made on its own (a device chunk's), at these env steps with
+    these mean returns, in order, as `record_evaluation` books each: the next evaluation is
+    scheduled past them, the history takes them, the newest is `last_eval`. Their rows are the
+    driver's to write (`evaluator_row`). Whether each was a new best."""
+    books = self.books
+    first_index = books.history.count
+    for steps in actor_steps:
+      if steps >= books.next_eval:
+        books.next_eval = next_mark(steps, books.next_eval, self.exp.eval_every)
+    bests = books.history.extend(actor_steps, means)
+    if means:
+      books.last_eval_steps = int(actor_steps[-1])
+      books.last_eval = evaluation_info({"eval_return": float(means[-1])}, first_index + len(means) - 1,
+                                        self.evaluator_seed, episodes)
+    return bests
 
   def checkpoint(self, driver: Driver) -> None:
     """A checkpoint of the driver's state and the books, and the 'latest' policy; a failed

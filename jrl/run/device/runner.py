@@ -26,7 +26,9 @@ from jrl.experiment import report
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import REPORT_FILE
 from jrl.experiment.background import BackgroundWriter
-from jrl.run.core import RunCore, next_mark
+from jrl.experiment.bookkeeping import evaluation_row
+from jrl.run.core import (RunCore, actor_row, evaluation_info, evaluator_row, learner_row,
+                           next_mark)
 from jrl.gymnax_envs import GymnaxVecEnv, load_gymnax, reward_threshold
 from jrl.learners import distributed, sharding
 from jrl.timing import BACKEND_COMPILE_EVENT, COMPILE, COMPILE_EVENTS, DEVICE_LOOP, EVAL, OTHER, NodeTimes
@@ -237,67 +239,6 @@ class SeedHost:
     """The sums of the metric row in progress, as the chunk continues them (in its stats' types)."""
     return {k: np.asarray(self.pending[k], dtype) for k, dtype in self.loop.stat_dtypes().items()}
 
-  def account(self, core: RunCore, schedule: ChunkSchedule, out: ChunkOutputs, chunk_wall: float,
-              chunk_began: float, best_params: Callable[[], Any]) -> None:
-    """Counts a chunk's iterations from its outputs (this seed's, on the host), writes the rows it
-    completed and records the evaluations it made, in the order they fell. `best_params()`: the
-    parameters of the chunk's best evaluation (fetched only when a new best is to be saved)."""
-    ran = int(out.iterations)
-    plan, upc = self.plan, self.loop.updates_per_call
-    loop_began = self.loop_seconds
-    self.loop_seconds += chunk_wall
-    first_steps, first_vector, first_learner = self.env_steps, self.vector_steps, self.learner_steps
-    first_episodes, open_before = core.books.episodes_total, dict(self.pending)
-    # Learner calls and episodes since the chunk began, to the end of its first n rows (row 0
-    # continued the open row, whose counts the host had taken already): exact integers.
-    counted = {key: np.cumsum(out.rows[key].astype(np.int64)) - int(open_before[key]) for key in ("calls", "episodes")}
-    since = lambda key, n: int(counted[key][n - 1]) if n else 0
-    slots, best_slot = {i: k for k, i in enumerate(schedule.evals)}, int(out.best_slot)
-    completed = 0
-
-    def move_to(i: int, calls: int, episodes: int) -> float:
-      """The counts after iteration i; the share of the chunk's time until then."""
-      self.env_steps = first_steps + (i + 1) * plan.iteration_steps
-      self.vector_steps = first_vector + (i + 1) * plan.vector_steps_per_iteration
-      self.learner_steps = first_learner + calls * upc
-      core.books.episodes_total = first_episodes + episodes
-      return (i + 1) / ran  # iterations take equal shares of their chunk's time
-
-    for i in schedule.events:
-      if i >= ran:
-        break
-      if completed < len(schedule.rows) and schedule.rows[completed] == i:
-        completed += 1
-        share = move_to(i, since("calls", completed), since("episodes", completed))
-        core.log_due(self.env_steps)
-        self.pending = {k: out.rows[k][completed - 1].item() for k in self.pending}
-        self._write_rows(core, loop_began + chunk_wall * share, chunk_began + chunk_wall * share)
-      if i in slots:
-        k = slots[i]
-        share = move_to(i, int(out.eval_counts["calls"][k]), int(out.eval_counts["episodes"][k]))
-        self.device_evaluations += 1
-        row = core.record_evaluation(self, out.eval_returns[k], core.books.history.count,
-                                     best_params() if k == best_slot else None, mean=float(out.eval_means[k]),
-                                     wall_seconds=chunk_began + chunk_wall * share)
-        if k == best_slot and not row["is_best"]:
-          raise AssertionError(f"evaluation {k} of the chunk: best on device, not in the run's history")
-    move_to(ran - 1, since("calls", completed + 1), since("episodes", completed + 1))
-    self.pending = {k: out.rows[k][completed].item() for k in self.pending}
-
-  def _write_rows(self, core: RunCore, loop_seconds: float, wall: float) -> None:
-    """The rows summed in `pending` since the last row. Rates are the row's own: its steps and
-    updates over the loop's seconds since the last row (checkpoints left out)."""
-    pending = self.pending
-    mark_seconds, mark_steps, mark_updates = self.row_mark
-    seconds = max(loop_seconds - mark_seconds, 1e-9)
-    self.row_mark = (loop_seconds, self.env_steps, self.learner_steps)
-    count, calls = pending["episodes"], pending["calls"]
-    core.write_rows(self.env_steps, self.learner_steps, pending["return_sum"] / count if count else None,
-                    pending["length_sum"] / count if count else None, (self.env_steps - mark_steps) / seconds,
-                    (self.learner_steps - mark_updates) / seconds,
-                    {k: pending[k] / calls for k in self.loop.metric_keys} if calls else {}, wall)
-    self.pending = {k: 0 * v for k, v in pending.items()}
-
   def evaluate(self, params):
     """An evaluation off the loop (the run core's, where no chunk made it: a run resumed at its
     budget). Compiled on first use."""
@@ -324,6 +265,148 @@ class SeedHost:
 
   def close(self) -> None:
     pass
+
+
+class RunsChunk(NamedTuple):
+  """One run's share of a chunk its books took (`account_chunk`), for its writer: the rows it
+  completed and the evaluations it made, as lists of plain numbers."""
+  events: List[Tuple[bool, int]]   # (a row?, its index among the rows or evaluations), in the order they fell
+  row_steps: List[int]             # env steps at each row (every run's)
+  row_loop_seconds: List[float]    # the loop's seconds at each row, its rates' clock (every run's)
+  row_walls: List[float]           # the run's wall seconds at each row
+  row_learner_steps: List[int]
+  row_episodes: List[int]          # episodes so far at each row
+  row_sums: Dict[str, List[Any]]   # each row's sums of the loop's stats
+  mark: Tuple[float, int, int]     # the row before the chunk's first: loop seconds, env steps, learner steps
+  eval_steps: List[int]
+  eval_learner_steps: List[int]
+  eval_walls: List[float]
+  eval_means: List[float]
+  eval_returns: np.ndarray         # [evaluations, episodes]
+  bests: List[bool]
+  first_eval_index: int            # the run's count of evaluations before the chunk's first
+  best_params: Any                 # the parameters of the evaluation `best_slot` (None: no new best to save)
+  best_slot: int
+
+
+def account_chunk(hosts: Sequence["SeedHost"], cores: Sequence[RunCore], schedule: ChunkSchedule,
+                  out: ChunkOutputs, chunk_wall: float, began: Sequence[float],
+                  best_params: Callable[[], Any]) -> None:
+  """Every run's books take a chunk: `out` is its outputs on the host with a leading axis of runs
+  (`hosts[k]` and `cores[k]` are run k's; one run is a sweep of one). The runs step together, so
+  where the chunk's rows and evaluations fell, and the env steps there, are worked out once; the
+  rows' numbers are sliced for all runs at once; each run's books then move to the chunk's end (a
+  few scalars, and its evaluations' means into its history), and its rows and evaluations go to
+  its writer as one write, formatted there in the order they fell. `began[k]`: run k's wall
+  seconds when the chunk began. `best_params()`: every run's parameters of its chunk's best
+  evaluation (fetched only when one of them is a new best to save)."""
+  first, plan, upc = hosts[0], hosts[0].plan, hosts[0].loop.updates_per_call
+  ran = int(out.iterations[0])
+  rows = [i for i in schedule.rows if i < ran]
+  evals = [i for i in schedule.evals if i < ran]
+  n, m = len(rows), len(evals)
+  events = sorted([(i, 0, k) for k, i in enumerate(rows)] + [(i, 1, k) for k, i in enumerate(evals)])
+  first_steps = first.env_steps  # every run's
+  steps_at = lambda i: first_steps + (i + 1) * plan.iteration_steps
+  share = lambda i: (i + 1) / ran  # iterations take equal shares of their chunk's time
+  row_steps, eval_steps = [steps_at(i) for i in rows], [steps_at(i) for i in evals]
+  row_loop_seconds = [first.loop_seconds + chunk_wall * share(i) for i in rows]
+  # Learner calls and episodes since the chunk began, to the end of each row (row 0 continued the
+  # open row, whose counts the host had taken already): exact integers, [runs, rows + 1].
+  since = {key: np.cumsum(out.rows[key][:, :n + 1].astype(np.int64), axis=1)
+           - np.asarray([h.pending[key] for h in hosts], np.int64)[:, None] for key in ("calls", "episodes")}
+  learner_before = np.asarray([h.learner_steps for h in hosts], np.int64)[:, None]
+  episodes_before = np.asarray([c.books.episodes_total for c in cores], np.int64)[:, None]
+  row_learner = (learner_before + since["calls"] * upc).tolist()
+  row_episodes = (episodes_before + since["episodes"]).tolist()
+  sums = {key: out.rows[key][:, :n + 1].tolist() for key in first.pending}
+  eval_learner = (learner_before + out.eval_counts["calls"][:, :m].astype(np.int64) * upc).tolist()
+  eval_means = out.eval_means[:, :m].tolist()
+  best_slots = out.best_slot.tolist()
+  fetched = []
+  next_log = {}
+  for r, (host, core) in enumerate(zip(hosts, cores)):
+    first_eval_index = core.books.history.count
+    bests = core.book_evaluations(eval_steps, eval_means[r], core.exp.eval_episodes)
+    slot = best_slots[r]
+    if 0 <= slot < m and not bests[slot]:
+      raise AssertionError(f"evaluation {slot} of the chunk: best on device, not in the run's history")
+    saves_best = 0 <= slot < m
+    if saves_best and not fetched:
+      fetched.append(best_params())
+    walls = lambda marks: [began[r] + chunk_wall * share(i) for i in marks]
+    chunk = RunsChunk([(kind == 0, k) for _, kind, k in events], row_steps, row_loop_seconds, walls(rows),
+                      row_learner[r][:n], row_episodes[r][:n], {key: v[r][:n] for key, v in sums.items()},
+                      host.row_mark, eval_steps, eval_learner[r], walls(evals), eval_means[r], out.eval_returns[r, :m],
+                      bests, first_eval_index, _run(fetched[0], r) if saves_best else None, slot)
+    if core.books.next_log not in next_log:  # every run's the same: its marks are its steps'
+      mark = core.books.next_log
+      for steps in row_steps:
+        mark = next_mark(steps, mark, core.exp.log_every) if steps >= mark else mark
+      next_log[core.books.next_log] = mark
+    core.books.next_log = next_log[core.books.next_log]
+    # The books at the chunk's end.
+    host.env_steps = steps_at(ran - 1)
+    host.vector_steps += ran * plan.vector_steps_per_iteration
+    host.learner_steps = row_learner[r][n]
+    core.books.episodes_total = row_episodes[r][n]
+    host.loop_seconds += chunk_wall
+    host.device_evaluations += m
+    host.pending = {key: v[r][n] for key, v in sums.items()}
+    if n:
+      host.row_mark = (row_loop_seconds[-1], row_steps[-1], row_learner[r][n - 1])
+    progress = None
+    if n and core.progress.periodic:
+      progress = _row_progress(core, chunk, n - 1, host.loop.metric_keys)
+    core.submit(functools.partial(_write_chunk, core, chunk, host.loop.metric_keys, progress))
+
+
+def _run(tree, i: int):
+  """Run i's part of a tree with a leading axis of runs."""
+  return jax.tree_util.tree_map(lambda x: x[i], tree)
+
+
+def _row_values(chunk: RunsChunk, k: int, metric_keys: Sequence[str]):
+  """Row k's numbers as `RunCore.write_rows` takes them: its episodes' mean return and length, its
+  env steps and updates per second of the loop's time since the row before, its learner metrics
+  (means over its learner calls)."""
+  before = chunk.mark if k == 0 else (chunk.row_loop_seconds[k - 1], chunk.row_steps[k - 1],
+                                      chunk.row_learner_steps[k - 1])
+  seconds = max(chunk.row_loop_seconds[k] - before[0], 1e-9)
+  sums = {key: v[k] for key, v in chunk.row_sums.items()}
+  count, calls = sums["episodes"], sums["calls"]
+  return (sums["return_sum"] / count if count else None, sums["length_sum"] / count if count else None,
+          (chunk.row_steps[k] - before[1]) / seconds, (chunk.row_learner_steps[k] - before[2]) / seconds,
+          {key: sums[key] / calls for key in metric_keys} if calls else {})
+
+
+def _row_progress(core: RunCore, chunk: RunsChunk, k: int, metric_keys: Sequence[str]) -> str:
+  episode_return, _, steps_per_second, updates_per_second, _ = _row_values(chunk, k, metric_keys)
+  return core.row_progress_text(chunk.row_steps[k], chunk.row_learner_steps[k], episode_return, steps_per_second,
+                                updates_per_second)
+
+
+def _write_chunk(core: RunCore, chunk: RunsChunk, metric_keys: Sequence[str], progress: Optional[str]) -> None:
+  """A run's rows and evaluations of one chunk into its files (on its writer's thread), in the
+  order they fell; the new best's policy; the progress line of its last row."""
+  for is_row, k in chunk.events:
+    if is_row:
+      episode_return, episode_length, steps_per_second, updates_per_second, metrics = _row_values(chunk, k, metric_keys)
+      wall = chunk.row_walls[k]
+      core.loggers["actor"].write(actor_row(chunk.row_steps[k], chunk.row_episodes[k], episode_return,
+                                            episode_length, steps_per_second, wall))
+      learner = learner_row(chunk.row_steps[k], chunk.row_learner_steps[k], metrics, updates_per_second, wall)
+      if learner is not None:
+        core.loggers["learner"].write(learner)
+      continue
+    row = evaluation_row(chunk.eval_means[k], chunk.eval_returns[k], chunk.bests[k])
+    core.loggers["evaluator"].write(evaluator_row(chunk.eval_steps[k], chunk.eval_learner_steps[k], row,
+                                                  chunk.eval_walls[k]))
+    if k == chunk.best_slot and chunk.best_params is not None:
+      info = evaluation_info(row, chunk.first_eval_index + k, core.evaluator_seed, core.exp.eval_episodes)
+      core.snapshot_at("best", chunk.best_params, chunk.eval_steps[k], chunk.eval_learner_steps[k], **info)
+  if progress is not None:
+    core.progress.maybe_print(progress)
 
 
 def writing(writer: Optional[BackgroundWriter]):
@@ -413,7 +496,9 @@ class DeviceDriver(SeedHost):
       out, best_params = fetch_outputs(out)
     chunk_wall = time.monotonic() - chunk_start
     self.sizer.ran(int(out.iterations), chunk_wall)
-    self.account(core, schedule, out, chunk_wall, core.elapsed() - chunk_wall, best_params)
+    one = lambda tree: jax.tree_util.tree_map(lambda x: np.asarray(x)[None], tree)  # a sweep of one run
+    account_chunk([self], [core], schedule, one(out), chunk_wall, [core.elapsed() - chunk_wall],
+                  lambda: one(best_params()))
 
 
 def calls_due_in_chunk(plan: Plan, loop: DeviceLoop, vector_steps: int, iterations: Optional[int] = None) -> np.ndarray:

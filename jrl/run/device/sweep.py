@@ -20,16 +20,16 @@ import dataclasses
 import itertools
 import os
 import time
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jrl import jit_cache
-from jrl.run.device.loop import ChunkOutputs, DeviceLoop, EvalBooks, make_plan
-from jrl.run.device.runner import (ChunkSizer, CompileClock, SeedHost, SweepShare, carry_from_host, chunk_shapes,
-                               device_setup, fetch_outputs, write_run_report, writing)
+from jrl.run.device.loop import DeviceLoop, EvalBooks, make_plan
+from jrl.run.device.runner import (ChunkSizer, CompileClock, SeedHost, SweepShare, account_chunk, carry_from_host,
+                                   chunk_shapes, device_setup, fetch_outputs, write_run_report, writing)
 from jrl.experiment.background import BackgroundWriter
 from jrl.errors import ConfigError
 from jrl.experiment.config import ExperimentConfig
@@ -128,13 +128,9 @@ class VmappedRuns:
   compiled chunk: every run's steps, learning and evaluations in one call."""
 
   def __init__(self, exp: ExperimentConfig, agent_cfg, env: GymnaxVecEnv, parts, plan, mesh,
-               cores: Sequence[RunCore], points: Sequence[Point], pipelined: Optional[bool] = None):
-    """`pipelined`: the other runs' books take a chunk while the next one runs (`advance`); None:
-    where the mesh is an accelerator's. On a CPU the chunk's arithmetic has every core, and books
-    kept beside it only slow it down: there every run's books take the chunk as it returns."""
+               cores: Sequence[RunCore], points: Sequence[Point]):
     start = time.monotonic()
     self.plan = plan
-    self.pipelined = (mesh.devices.flat[0].platform != "cpu") if pipelined is None else pipelined
     self.loop = loop = DeviceLoop(exp, agent_cfg, env, parts, mesh, plan)  # host-side shapes and schedule
     fields = sorted(points[0])
     # The loops at the runs' points have the host loop's metrics: each would otherwise trace the update for them.
@@ -171,8 +167,6 @@ class VmappedRuns:
     # The next chunk's evaluation books and open rows, every run's (stacked), kept from the chunks'
     # outputs: the next chunk does not wait for the runs' books (`_behind`).
     self.next_books, self.next_open_rows = self.eval_books(), self.open_rows()
-    self._behind: Optional[Behind] = None
-    self.overlapped_seconds = 0.0  # host seconds of the runs' books spent while a chunk ran on the device
     self.host_syncs = 0  # chunks run: each a dispatch and one transfer of every run's outputs
 
   @property
@@ -202,34 +196,20 @@ class VmappedRuns:
     return self._host_carry
 
   def advance(self, cores: Sequence[RunCore]) -> None:
-    """One chunk for every run: one call, one transfer of its reduced outputs. The first run's
-    books take the chunk at once (they schedule the next one: every run's marks are the same);
-    pipelined, the other runs' take it while the next chunk runs (`catch_up`), so the host's work
-    between two chunks does not grow with the runs; else right after the first run's."""
+    """One chunk for every run: one call, one transfer of its reduced outputs, and every run's
+    books take it at once (`account_chunk`: array work over the runs, one write each)."""
     schedule = self.views[0].schedule(cores[0], self.sizer.next)  # every run's
     chunk_start = time.monotonic()
     put = lambda tree: jax.device_put(tree, self.loop.replicated)
     inputs = (put(schedule.inputs), put(self.next_books), put(self.next_open_rows))
     self._host_carry = self._host_params = None
     self.host_syncs += 1
-    if self.pipelined:
-      self.carry, out = self.chunk(self.values, self.carry, *inputs)  # dispatched: it runs while ...
-      behind = self.catch_up(cores)  # ... the other runs take the chunk before (their rows and evaluations)
-    else:
-      # The writer may work from the dispatch on: XLA's CPU client runs some calls in this thread.
-      with writing(cores[0].writer):
-        self.carry, out = self.chunk(self.values, self.carry, *inputs)
-      behind = 0.0
-    # The device was still busy when they were done: the new carry is not all computed yet (its
-    # leaves are the loop's results; an output such as `iterations` may be an input passed through,
-    # ready at once).
-    hidden = behind > 0 and not all(x.is_ready() for x in jax.tree_util.tree_leaves(self.carry))
-    if hidden:
-      self.overlapped_seconds += behind
-    with writing(cores[0].writer):  # the earlier chunks' rows, while this one runs
+    # The writer works from the dispatch on (the earlier chunks' rows): XLA's CPU client runs some
+    # calls in this thread.
+    with writing(cores[0].writer):
+      self.carry, out = self.chunk(self.values, self.carry, *inputs)
       out, best_params = fetch_outputs(out)
-    # The chunk's seconds on the device; the books' seconds count as the host's unless they were hidden.
-    chunk_wall = time.monotonic() - chunk_start - (0.0 if hidden else behind)
+    chunk_wall = time.monotonic() - chunk_start
     ran = int(out.iterations[0])
     if ran != schedule.iterations or np.any(out.iterations != ran):
       raise AssertionError(f"a sweep's chunk ran {out.iterations} iterations, scheduled {schedule.iterations}")
@@ -237,27 +217,11 @@ class VmappedRuns:
     self.next_books = books_after(self.next_books, len(schedule.evals), out.eval_means)
     self.next_open_rows = {k: np.asarray(out.rows[k][:, len(schedule.rows)], dtype)
                            for k, dtype in self.loop.stat_dtypes().items()}
-    began = [core.elapsed() - chunk_wall for core in cores]
-    self.views[0].account(cores[0], schedule, _run(out, 0), chunk_wall, began[0], lambda: _run(best_params(), 0))
-    self._behind = Behind(schedule, out, best_params, chunk_wall, began)
-    if not self.pipelined:
-      self.catch_up(cores)
-
-  def catch_up(self, cores: Sequence[RunCore]) -> float:
-    """Every run's books take the last chunk (the first run's have); the seconds it took. After
-    it, every run stands where the first does, as a checkpoint, the threshold rule or the end
-    need."""
-    behind, self._behind = self._behind, None
-    if behind is None:
-      return 0.0
-    start = time.monotonic()
-    for i in range(1, len(self.views)):
-      self.views[i].account(cores[i], behind.schedule, _run(behind.out, i), behind.chunk_wall, behind.began[i],
-                            lambda i=i: _run(behind.best_params(), i))
+    account_chunk(self.views, cores, schedule, out, chunk_wall, [core.elapsed() - chunk_wall for core in cores],
+                  best_params)
     marks = lambda core: (core.books.next_log, core.books.next_eval, core.schedule.next_steps)
     if any(marks(core) != marks(cores[0]) for core in cores[1:]):
       raise AssertionError("the sweep's runs scheduled different chunks; they step together")
-    return time.monotonic() - start
 
   def check_books(self) -> None:
     """AssertionError unless the books kept from the chunks' outputs are the runs' own (caught up)."""
@@ -266,20 +230,6 @@ class VmappedRuns:
                                                                     jax.tree_util.tree_leaves(b)))
     if not (same(books, self.next_books) and same(rows, self.next_open_rows)):
       raise AssertionError("the sweep's evaluation books or open rows differ from its runs'")
-
-
-class Behind(NamedTuple):
-  """A chunk the first run's books have taken and the other runs' not yet."""
-  schedule: Any                    # its ChunkSchedule
-  out: ChunkOutputs                # its outputs on the host (leading axis: runs)
-  best_params: Callable[[], Any]   # every run's parameters of its best evaluation in it (fetched on first use)
-  chunk_wall: float
-  began: List[float]               # each run's wall seconds when it began
-
-
-def _run(tree, i: int):
-  """Run i's part of a sweep's outputs (leading axis: runs)."""
-  return jax.tree_util.tree_map(lambda x: x[i], tree)
 
 
 def books_after(books: EvalBooks, evaluations: int, means: np.ndarray) -> EvalBooks:
@@ -330,14 +280,13 @@ def interrupted_at(cores: Sequence[RunCore], views: Sequence[SeedView], signum: 
 
 
 def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run_dirs: Sequence[str],
-                     chunk_steps: Optional[int] = None, points: Optional[Sequence[Point]] = None,
-                     pipelined: Optional[bool] = None) -> List[Dict[str, Any]]:
+                     chunk_steps: Optional[int] = None, points: Optional[Sequence[Point]] = None) -> List[Dict[str, Any]]:
   """Trains `exp.agent` on the gymnax env `exp.env` as one program of runs: run k has seed
   `seeds[k]`, hyperparameters `points[k]` (agent config fields; all points name the same fields;
   `check_grid` first) and writes into `run_dirs[k]`. Returns their summaries. `exp.resume` (any
   value) continues each run from its run directory's newest checkpoint. Evaluations, checkpoints
   and the threshold rule are each run's own; the sweep ends when every run has its budget
-  (stop_at_threshold stops no run early: they step together). `pipelined`: `VmappedRuns`'s."""
+  (stop_at_threshold stops no run early: they step together)."""
   load_gymnax()  # the backend's start-up, not the runs'
   start = time.monotonic()
   clock = CompileClock()
@@ -357,7 +306,7 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
     cores.append(RunCore(dataclasses.replace(exp, seed=seed, run_dir=run_dir, resume=resume),
                          dataclasses.replace(agent_cfg, **point), threshold, writer=writer))
     cores[-1].start_clock(at=start)
-  sweep = VmappedRuns(exp, agent_cfg, env, parts, plan, mesh, cores, points, pipelined)
+  sweep = VmappedRuns(exp, agent_cfg, env, parts, plan, mesh, cores, points)
   for core, view, point in zip(cores, sweep.views, points):
     label = f" {point_label(point)}" if point else ""
     core.open(view.env_steps, f"{exp.agent} {exp.env} s{core.exp.seed}{label}")
@@ -369,15 +318,13 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
       while sweep.env_steps < exp.steps:
         sweep.advance(cores)
         # The runs evaluate inside their chunks and do not stop at thresholds: between chunks a run
-        # core has only checkpoints to do, and for those every run's books take the chunk first.
+        # core has only checkpoints to do.
         if interrupts.signum is not None or any(core.schedule.due(sweep.env_steps) for core in cores):
-          sweep.catch_up(cores)
           for core, view in zip(cores, sweep.views):
             core.after_advance(view, may_stop=False)
         progress.maybe_print(sweep, cores)
         if interrupts.signum is not None:  # every run checkpoints where they all stand, then the sweep stops
           interrupted_at(cores, sweep.views, interrupts.signum)
-      sweep.catch_up(cores)
       sweep.check_books()
       finals = [jax.device_get(core.conclude(view)) for core, view in zip(cores, sweep.views)]
   finally:
@@ -400,8 +347,7 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
                "jax_compile_seconds": round(clock.seconds, 3), "setup_seconds": round(setup_seconds, 3),
                "loop_seconds": round(view.loop_seconds, 3), "eval_seconds": round(view.eval_seconds, 3),
                "device_evaluations": view.device_evaluations, "compilation_cache": cache_dir,
-               "overlapped_host_seconds": round(sweep.overlapped_seconds, 3), "host_syncs": sweep.host_syncs,
-               "pipelined": sweep.pipelined}
+               "host_syncs": sweep.host_syncs}
     label = point_label(point, ", ")
     summaries.append(core.finish(
         view, final_params, wall, result, report_fields, kind="device", replay="device",
