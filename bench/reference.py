@@ -49,14 +49,42 @@ BELOW_ANCHORS = os.path.join(RESULTS_DIR, "below-anchors.txt")
 
 GAMES = {"breakout": "Breakout", "asterix": "Asterix", "freeway": "Freeway", "spaceinvaders": "SpaceInvaders"}
 
-# Published returns at a budget of env steps, read from each source's learning curves.
+# gymnax-blines' own training logs of the PPO runs its README's curves plot (docs/lcurves.png, drawn
+# by notebooks/visualize_lcurves.ipynb from agents/<Game>-MinAtar/ppo.pkl at commit 3f029d6: the
+# lr 5e-4 run of ppo.yaml, 64 envs, one seed): "log_steps" -> "log_return", each the mean of 164 test
+# rollouts that sample the policy, logged every 320,000 env steps; the points around the budgets.
+GYMNAX_BLINES_PPO_LOG = {
+    "breakout": {959_936: 16.634, 1_279_936: 15.713, 9_919_936: 22.884},
+    "asterix": {959_936: 1.799, 1_279_936: 2.140, 9_919_936: 14.951},
+    "freeway": {959_936: 29.043, 1_279_936: 30.250, 9_919_936: 58.805},
+    "spaceinvaders": {959_936: 50.378, 1_279_936: 58.378, 9_919_936: 131.640},
+}
+
+
+def logged_at(log: Dict[int, float], steps: int) -> float:
+  """A training log's return at `steps` env steps: linear between the logged points around it, the
+  last point's beyond the log's end (its last is at 9,919,936), to two decimals."""
+  points = sorted(log.items())
+  if steps >= points[-1][0]:
+    return round(points[-1][1], 2)
+  if steps <= points[0][0]:
+    return round(points[0][1], 2)
+  (s0, r0), (s1, r1) = next((a, b) for a, b in zip(points, points[1:]) if a[0] <= steps <= b[0])
+  return round(r0 + (r1 - r0) * (steps - s0) / (s1 - s0), 2)
+
+
+# Published returns at a budget of env steps: DQN's read from the MinAtar paper's curves, PPO's from
+# gymnax-blines' logs (above). Until 2026-12-06 PPO's were read from gymnax-blines' figure too:
+# 15, 2, 30 and 55 at 1M; 28, 15, 58 and 131 at 10M.
 PUBLISHED: Dict[str, Dict[str, Any]] = {
     "dqn": {"source": "MinAtar paper's DQN (Young & Tian, 2019; 30 seeds, sticky actions 0.1), read from its curves",
             "at": {1_000_000: {"breakout": 9, "asterix": 7, "freeway": 48, "spaceinvaders": 35},
                    5_000_000: {"breakout": 10, "asterix": 17, "freeway": 50, "spaceinvaders": 43}}},
-    "ppo": {"source": "gymnax-blines' PPO (MLP 256x2, 64 envs), read from its curves",
-            "at": {1_000_000: {"breakout": 15, "asterix": 2, "freeway": 30, "spaceinvaders": 55},
-                   10_000_000: {"breakout": 28, "asterix": 15, "freeway": 58, "spaceinvaders": 131}}},
+    "ppo": {"source": "gymnax-blines' PPO (MLP 256x2, 64 envs, lr 5e-4, one seed): the training log its curves plot "
+                      "(`agents/<Game>-MinAtar/ppo.pkl` at commit 3f029d6), linear between the evaluations logged "
+                      "at 959,936 and 1,279,936 env steps for 1M, its last (9,919,936) for 10M",
+            "at": {steps: {game: logged_at(log, steps) for game, log in GYMNAX_BLINES_PPO_LOG.items()}
+                   for steps in (1_000_000, 10_000_000)}},
 }
 
 # Each agent's row settings are its `minatar` preset (jrl/agents/<agent>/presets.yaml): the sweeps run
@@ -237,8 +265,9 @@ def render_table(records: List[Dict[str, Any]]) -> str:
            "Scores are evaluations of 32 episodes: the final one and the best of the run; mean over the",
            "seeds with a 95% bootstrap CI (rliable, 20,000 resamples; with three seeds the IQM is the mean).",
            "DQN's evaluations are greedy. PPO's sample the policy (its preset's `greedy_eval: false`), as",
-           "gymnax-blines' test rollouts, its anchor, do. The published values are read from the sources'",
-           "learning curves; the MinAtar paper's are not greedy evaluations: DQN's comparison is indicative.",
+           "gymnax-blines' test rollouts, its anchor, do. DQN's published values are read from the MinAtar",
+           "paper's learning curves, which are not greedy evaluations: DQN's comparison is indicative. PPO's",
+           "are gymnax-blines' own training log, the data its curves plot, at the same budget.",
            "Wall times are the whole sweep's (start to exit, compilation included; summed where a",
            "game's seeds ran in more than one sweep). A run's share of the machine is the sweep's wall",
            "over its runs, halved where two games' sweeps ran at once, a core each (DQN: two lanes,",

@@ -55,6 +55,19 @@ def test_the_minatar_preset_is_the_reference_rows_settings(agent, env, row):
       "python -m launch.sweep --steps 9 --preset minatar"
 
 
+def test_ppo_anchors_are_gymnax_blines_logs_at_the_budget_as_hand_worked():
+  """The reference table's PPO anchors: gymnax-blines' logged returns, linear between the points
+  around the budget, the last point's beyond the log's end."""
+  from bench.reference import GYMNAX_BLINES_PPO_LOG, PUBLISHED, logged_at
+  # Asterix at 1M: 1.799 + (2.140 - 1.799) * (1,000,000 - 959,936) / 320,000 = 1.8417.
+  assert PUBLISHED["ppo"]["at"][1_000_000] == {"breakout": 16.52, "asterix": 1.84, "freeway": 29.19,
+                                               "spaceinvaders": 51.38}
+  assert PUBLISHED["ppo"]["at"][10_000_000]["asterix"] == 14.95  # past 9,919,936, its last point
+  log = GYMNAX_BLINES_PPO_LOG["freeway"]
+  assert (logged_at(log, 959_936), logged_at(log, 1_279_936), logged_at(log, 100)) == (29.04, 30.25, 29.04)
+  assert logged_at(log, 1_119_936) == 29.65  # halfway: (29.043 + 30.250) / 2
+
+
 def test_a_preset_overrides_defaults_and_the_users_flags_override_the_preset():
   exp, cfg = _configs("dqn", "MinAtar/Breakout-v1", ["--preset", "minatar"])
   defaults = dqn.Config()
