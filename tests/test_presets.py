@@ -21,7 +21,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (docs/results.md, records of 2026-12-02; PPO's evaluations sample the policy since 2026-12-06):
 # the presets must be these settings.
 DQN_ROW = ["--num_envs", "8", "--batch_size", "32", "--samples_per_insert", "8", "--updates_per_call", "8",
-           "--learning_rate", "3e-4", "--min_replay_size", "5000", "--max_replay_size", "100000",
+           "--learning_rate", "0.00025", "--n_step", "1", "--double_q", "false", "--epsilon_final", "0.1",
+           "--min_replay_size", "5000", "--max_replay_size", "100000",
            "--epsilon_decay_steps", "100000", "--target_update_period", "1000", "--deterministic"]
 PPO_ROW = ["--backend", "device", "--num_envs", "64", "--batch_size", "64", "--sequence_length", "128",
            "--num_minibatches", "8", "--num_epochs", "4", "--learning_rate", "5e-4", "--discount", "0.999",
@@ -71,8 +72,9 @@ def test_ppo_anchors_are_gymnax_blines_logs_at_the_budget_as_hand_worked():
 def test_a_preset_overrides_defaults_and_the_users_flags_override_the_preset():
   exp, cfg = _configs("dqn", "MinAtar/Breakout-v1", ["--preset", "minatar"])
   defaults = dqn.Config()
-  assert (cfg.learning_rate, cfg.min_replay_size, exp.num_envs, exp.deterministic) == (3e-4, 5000, 8, True)
-  assert defaults.min_replay_size != 5000  # the preset changed it
+  assert (cfg.learning_rate, cfg.min_replay_size, exp.num_envs, exp.deterministic) == (2.5e-4, 5000, 8, True)
+  assert (cfg.n_step, cfg.double_q) == (1, False)
+  assert defaults.min_replay_size != 5000 and defaults.n_step != 1 and defaults.double_q  # the preset changed them
   exp, cfg = _configs("dqn", "MinAtar/Breakout-v1", ["--learning_rate", "1e-3", "--preset", "minatar",
                                                      "--num_envs", "4", "--deterministic", "false"])
   assert (cfg.learning_rate, exp.num_envs, exp.deterministic) == (1e-3, 4, False)  # the user's, wherever written
