@@ -17,9 +17,10 @@ folder under --run_dir). The agents run the way their published anchors were mea
   own thread, no Reverb server or sampler thread contending for its core), two games at a time,
   each on a core of its own with XLA on one thread (`--one_core_each`: a pinned run was about as
   fast as one run alone on both cores; bench/sweep_cores.py),
-  with the settings of docs/agents/dqn.md (MinAtar's small CNN, replay 100k, target period 1000,
-  epsilon 1 to 0.05 over 100k steps); the paper trains every step on 32 samples (a sample/insert
-  ratio of 32), this runs 8.
+  with the paper's 1-step targets from the target network's max (not double Q), MinAtar's small
+  CNN, replay 100k, target period 1000, epsilon 1 to 0.1 over 100k steps and Adam 2.5e-4 (the paper:
+  centred RMSProp); the paper trains every step on 32 samples (a sample/insert ratio of 32), this
+  runs 8.
 
 Scores are evaluations of 32 episodes every `--eval_every` steps (DQN's greedy, PPO's sampling
 its policy): the final one and the best over the run. The published values are read from the
@@ -44,7 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 RESULTS_DIR = os.path.join(ROOT, "docs", "results")
 RESULTS_PAGE = os.path.join(ROOT, "docs", "results.md")
-# What was tried where the table is below an anchor: the page's last section, markdown written by hand.
+# What was tried where a row was below its anchor: the page's last section, markdown written by hand.
 BELOW_ANCHORS = os.path.join(RESULTS_DIR, "below-anchors.txt")
 
 GAMES = {"breakout": "Breakout", "asterix": "Asterix", "freeway": "Freeway", "spaceinvaders": "SpaceInvaders"}
@@ -183,7 +184,18 @@ def machine() -> str:
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
   except (ValueError, OSError):
     mem = float("nan")
-  return f"{os.cpu_count()} CPU cores, {mem:.0f} GiB, no GPU ({platform.machine()})"
+  return f"{os.cpu_count()} CPU cores{cpu_model()}, {mem:.0f} GiB, no GPU ({platform.machine()})"
+
+
+def cpu_model() -> str:
+  """` (the processor's name)` where Linux says it: boxes of the same core count differ several times
+  in speed, and a row's wall time means little without it."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+  except OSError:
+    return ""
+  return f" ({names[0]})" if names else ""
 
 
 def commit() -> str:
