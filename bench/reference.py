@@ -192,10 +192,10 @@ def cpu_model() -> str:
   in speed, and a row's wall time means little without it."""
   try:
     with open("/proc/cpuinfo") as f:
-      names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+      name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
   except OSError:
     return ""
-  return f" ({names[0]})" if names else ""
+  return f" ({name})" if name else ""
 
 
 def commit() -> str:

@@ -17,9 +17,9 @@ from jrl.experiment.presets import find_preset, load_presets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# The reference table's rows as their commands spelled them out before presets existed
-# (docs/results.md, records of 2026-12-02; PPO's evaluations sample the policy since 2026-12-06):
-# the presets must be these settings.
+# The reference table's rows as their commands spell them out (docs/results.md; first the records of
+# 2026-12-02, before presets existed; since 2026-12-06 PPO's evaluations sample the policy and DQN
+# takes 1-step max-Q targets): the presets must be these settings.
 DQN_ROW = ["--num_envs", "8", "--batch_size", "32", "--samples_per_insert", "8", "--updates_per_call", "8",
            "--learning_rate", "0.00025", "--n_step", "1", "--double_q", "false", "--epsilon_final", "0.1",
            "--min_replay_size", "5000", "--max_replay_size", "100000",
