@@ -18,18 +18,17 @@ and `write_report` do the file I/O. Figures use matplotlib's object-oriented API
 canvas (no pyplot, no backend switch): importing this module has no side effects.
 """
 
-import contextlib
 import csv
 import json
 import math
 import os
 import re
-import warnings
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from jrl.errors import ConfigError
+from jrl.experiment import bootstrap
 from jrl.experiment.files import path_safe
 
 SWEEP_FILE = "sweep.json"      # written by launch.sweep: the seeds, their run dirs and outcomes
@@ -113,43 +112,20 @@ def score_matrix(runs: Sequence[Run]) -> np.ndarray:
   return np.asarray(scores, dtype=np.float64).reshape(-1, 1)
 
 
-@contextlib.contextmanager
-def seeded_numpy(seed: int) -> Iterator[None]:
-  """numpy's global RNG seeded for the block, its previous state restored after.
-
-  rliable 1.2.0's StratifiedBootstrap draws its resampling indices from `np.random` (its
-  `update_indices` calls `np.random.choice`) and ignores `random_state`, so a reproducible CI
-  needs the global state seeded; `random_state` is passed as well, in case a later rliable uses it.
-  """
-  saved = np.random.get_state()
-  np.random.seed(seed)
-  try:
-    with warnings.catch_warnings():  # arch: "random_state is deprecated" (it still works)
-      warnings.simplefilter("ignore", FutureWarning)
-      yield
-  finally:
-    np.random.set_state(saved)
-
-
-def interval_estimate(scores: np.ndarray, metric: Callable[[np.ndarray], float], reps: int = DEFAULT_REPS,
+def interval_estimate(scores: np.ndarray, metric: bootstrap.Metric, reps: int = DEFAULT_REPS,
                       seed: int = 0) -> Tuple[float, float, float]:
-  """(point, low, high): `metric` of `scores` [runs, tasks] and its 95% stratified bootstrap CI
-  (rliable's get_interval_estimates, percentile method, bootstrap seed `seed`)."""
-  from rliable import library
-  with seeded_numpy(seed):
-    points, intervals = library.get_interval_estimates(
-        {"x": scores}, metric, reps=reps, confidence_interval_size=CI_SIZE,
-        random_state=np.random.RandomState(seed))
-  low, high = np.asarray(intervals["x"], dtype=np.float64).ravel()
-  return float(points["x"]), float(low), float(high)
+  """(point, low, high): `metric` (a `bootstrap` metric of one parameter) of `scores` [runs,
+  tasks] and its 95% stratified bootstrap CI (rliable's get_interval_estimates, percentile method,
+  bootstrap seed `seed`, to the bit; `jrl.experiment.bootstrap`)."""
+  point, low, high = bootstrap.interval(scores, metric, reps, seed, CI_SIZE)
+  return float(point[0]), float(low[0]), float(high[0])
 
 
 def aggregates(scores: np.ndarray, reps: int = DEFAULT_REPS, seed: int = 0) -> Dict[str, Tuple[float, float, float]]:
   """{'iqm': (point, low, high), 'mean': (...)} of a score matrix [runs, tasks] (a single run's
   CI is its own score)."""
-  from rliable import metrics
-  return {"iqm": interval_estimate(scores, metrics.aggregate_iqm, reps, seed),
-          "mean": interval_estimate(scores, metrics.aggregate_mean, reps, seed)}
+  return {"iqm": interval_estimate(scores, bootstrap.iqm, reps, seed),
+          "mean": interval_estimate(scores, bootstrap.mean, reps, seed)}
 
 
 def common_curve(runs: Sequence[Run]) -> Tuple[np.ndarray, np.ndarray]:
@@ -166,32 +142,20 @@ def common_curve(runs: Sequence[Run]) -> Tuple[np.ndarray, np.ndarray]:
 
 def aggregate_curve(runs: Sequence[Run], reps: int = CURVE_REPS, seed: int = 0) -> Dict[str, List[float]]:
   """IQM over runs of the eval return at each common evaluation, with its 95% bootstrap band."""
-  from rliable import library, metrics
   steps, returns = common_curve(runs)
   if not len(steps):
     return {"steps": [], "iqm": [], "low": [], "high": []}
-  matrix = returns[:, None, :]  # [runs, tasks=1, T]
-  per_step = lambda x: np.array([metrics.aggregate_iqm(x[..., t]) for t in range(x.shape[-1])])  # noqa: E731
-  with seeded_numpy(seed):
-    points, intervals = library.get_interval_estimates({"x": matrix}, per_step, reps=reps,
-                                                       confidence_interval_size=CI_SIZE,
-                                                       random_state=np.random.RandomState(seed))
-  band = np.asarray(intervals["x"], dtype=np.float64).reshape(2, -1)
-  return {"steps": steps.tolist(), "iqm": np.asarray(points["x"]).tolist(),
-          "low": band[0].tolist(), "high": band[1].tolist()}
+  points, low, high = bootstrap.interval(returns[:, None, :], bootstrap.iqm_per_step, reps, seed, CI_SIZE)
+  return {"steps": steps.tolist(), "iqm": points.tolist(), "low": low.tolist(), "high": high.tolist()}
 
 
 def performance_profile(scores: np.ndarray, taus: np.ndarray, reps: int = CURVE_REPS,
                         seed: int = 0) -> Dict[str, List[float]]:
   """Fraction of runs whose score exceeds each tau, with its 95% bootstrap band
   (rliable's create_performance_profile, score distributions)."""
-  from rliable import library
-  with seeded_numpy(seed):
-    profiles, cis = library.create_performance_profile({"x": scores}, taus, reps=reps,
-                                                       confidence_interval_size=CI_SIZE)
-  band = np.asarray(cis["x"], dtype=np.float64).reshape(2, -1)
-  return {"taus": np.asarray(taus).tolist(), "fraction": np.asarray(profiles["x"]).tolist(),
-          "low": band[0].tolist(), "high": band[1].tolist()}
+  fraction, low, high = bootstrap.interval(scores, bootstrap.fraction_above(taus), reps, seed, CI_SIZE)
+  return {"taus": np.asarray(taus).tolist(), "fraction": fraction.tolist(), "low": low.tolist(),
+          "high": high.tolist()}
 
 
 def steps_to_threshold_stats(runs: Sequence[Run]) -> Dict[str, Any]:
