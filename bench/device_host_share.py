@@ -19,7 +19,9 @@ seconds) not grow with its runs. Two pairs of arms, each arm its own process:
                means.
 
 For each arm: wall, loop, compile and host seconds (eval + other), the number of host syncs
-(`details.host_syncs`) and host milliseconds per sync. `--arms same` runs the same-syncs pair
+(`details.host_syncs`) and host milliseconds per sync, and the process's seconds outside its runs
+(the process's wall less a run's: start-up and imports, flag checks, each run's report and plots,
+and for the as-typed arms `launch.sweep`'s sweep report; what a user waits for beyond the runs). `--arms same` runs the same-syncs pair
 only. Prints a table and writes --out. Run it on a quiet machine: the host figures are seconds
 of wall.
 """
@@ -62,6 +64,7 @@ def figures(run_dirs, wall: float) -> dict:
   return {"wall_seconds": round(wall, 1), "loop_seconds": round(phases["device_loop"], 2),
           "compile_seconds": round(phases["compile"], 2), "host_seconds": round(host, 3), "host_syncs": syncs,
           "host_ms_per_sync": round(1e3 * host / syncs, 2) if syncs else None,
+          "outside_runs_seconds": round(wall - max(s["wall_seconds"] for s in summaries), 2),
           "best_min": min(s["best_eval_return"] for s in summaries)}
 
 
@@ -118,11 +121,11 @@ def main(argv=None) -> int:
     record[f"{name}: host share of a single run's wall"] = round(one["host_seconds"] / one["wall_seconds"], 3)
   with open(args.out, "w") as f:
     json.dump(record, f, indent=1)
-  print("\n| arm | wall s | loop s | compile s | host s (eval + other) | host syncs | host ms/sync |")
-  print("|---|---:|---:|---:|---:|---:|---:|")
+  print("\n| arm | wall s | loop s | compile s | host s (eval + other) | host syncs | host ms/sync | outside runs s |")
+  print("|---|---:|---:|---:|---:|---:|---:|---:|")
   for name, a in record["arms"].items():
     print(f"| {name} | {a['wall_seconds']} | {a['loop_seconds']} | {a['compile_seconds']} | {a['host_seconds']} | "
-          f"{a['host_syncs']} | {a['host_ms_per_sync']} |")
+          f"{a['host_syncs']} | {a['host_ms_per_sync']} | {a['outside_runs_seconds']} |")
   for key in record:
     if key.endswith("ratio") or key.endswith("wall"):
       print(f"{key}: {record[key]}")
