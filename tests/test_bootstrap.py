@@ -35,8 +35,9 @@ def test_the_curve_band_is_rliables_per_step_iqm():
   _same(bootstrap.interval(returns, bootstrap.iqm_per_step, reps=1000, seed=0), _rliable(returns, per_step, 1000, 0))
 
 
-def test_the_performance_profile_is_rliables_score_distribution():
-  scores = np.random.RandomState(2).uniform(0, 500, (10, 1)).round(0)
+@pytest.mark.parametrize("shape", [(10, 1), (4, 3)])  # one env's runs; an agent's runs over three envs
+def test_the_performance_profile_is_rliables_score_distribution(shape):
+  scores = np.random.RandomState(2).uniform(0, 500, shape).round(0)
   taus = np.linspace(0.0, 525.0, 22)
   np.random.seed(3)
   profile, cis = library.create_performance_profile({"x": scores}, taus, reps=1000)
