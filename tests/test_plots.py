@@ -49,3 +49,36 @@ def test_the_png_is_written_where_the_run_keeps_its_plots(tmp_path):
   assert path == os.path.join(run_dir, "plots", "learning_curve.png")
   with open(path, "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("curves, cores, workers", [
+    (16, 2, 2),     # a 2-core box: 8 curves each
+    (16, 16, 2),    # 8 curves each, not 1: a process's start costs about 8 curves
+    (15, 16, 0),    # one worker's worth: drawn here
+    (256, 16, 16),  # a grid: one a core (this process waits)
+    (256, 1, 0),
+    (1, 64, 0),
+])
+def test_a_pool_draws_only_what_repays_its_start(curves, cores, workers):
+  assert plots.plot_workers(curves, cores) == workers
+
+
+def test_curves_drawn_by_a_pool_of_processes_are_the_same_pngs(tmp_path):
+  """Real spawned processes (2 workers, forced on any machine) write the bytes this process writes."""
+  curves = []
+  for k in range(5):
+    run_dir = _run_dir(tmp_path / f"run{k}", [(1000 * (i + 1), 10.0 * i * (k + 1)) for i in range(4)],
+                       [(500 * (i + 1), 5.0 * i + k) for i in range(8)])
+    curves.append(plots.Curve(run_dir, f"run {k}", 30.0 if k % 2 else None))
+  drawn = plots.plot_learning_curves(curves, workers=2)
+  assert drawn == [os.path.join(c.run_dir, "plots", "learning_curve.png") for c in curves]
+  pooled = []
+  for path in drawn:
+    with open(path, "rb") as f:
+      pooled.append(f.read())
+    os.remove(path)
+  assert plots.plot_learning_curves(curves, workers=0) == drawn
+  for path, data in zip(drawn, pooled):
+    with open(path, "rb") as f:
+      assert f.read() == data
+  assert len(set(pooled)) == 5  # five different curves, not one drawn five times

@@ -3,7 +3,7 @@
 through it; a second copy of any of them elsewhere in the tree fails here.
 
 Read from the source with `ast` (no imports): calls of `save_policy`/`save_snapshot`,
-`make_summary`, `plot_learning_curve`, an `EvalHistory`'s `record`, and writes whose path names
+`make_summary`, `plot_learning_curve(s)`, an `EvalHistory`'s `record`, and writes whose path names
 SUMMARY_FILE (or "summary.json")."""
 
 import ast
@@ -17,7 +17,7 @@ HOME = "jrl/run/core.py"
 FOLDERS = ("jrl", "launch", "bench", "examples", "scripts")
 SNAPSHOT_CALLS = {"save_policy", "save_snapshot"}
 SUMMARY_CALLS = {"make_summary"}
-PLOT_CALLS = {"plot_learning_curve"}
+PLOT_CALLS = {"plot_learning_curve", "plot_learning_curves"}
 WRITE_CALLS = {"write_json", "write_bytes_atomic", "write_text", "dump", "open"}
 
 
@@ -123,6 +123,7 @@ def test_the_run_core_is_the_one_home_of_evaluations_snapshots_and_the_summary()
     ("EvalHistory(None).record(1, [2.0])", {"evaluation record": [1]}),
     ("logger.record(1)", {}),  # a record of something else
     ("plots.plot_learning_curve(run_dir, 'x', None)", {"learning curve": [1]}),
+    ("plots.plot_learning_curves([plots.Curve(run_dir, 'x', None)])", {"learning curve": [1]}),
 ])
 def test_each_kind_of_copy_is_found(source, expected):
   assert homes(source) == expected

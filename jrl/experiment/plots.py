@@ -4,10 +4,13 @@ matplotlib's object-oriented API on an Agg canvas: importing or plotting never s
 process's pyplot backend (a notebook or the caller's own figures are left as they are)."""
 
 import csv
+import json
 import os
+import subprocess
+import sys
 import textwrap
 import threading
-from typing import Dict, List, Optional
+from typing import Dict, List, NamedTuple, Optional, Sequence
 
 
 def new_figure(**kwargs):
@@ -45,13 +48,73 @@ def read_csv(path: str) -> Dict[str, List[float]]:
   return columns
 
 
+class Curve(NamedTuple):
+  """One run's learning curve to draw (`plot_learning_curve`'s arguments)."""
+  run_dir: str
+  title: str
+  reward_threshold: Optional[float]
+
+
 def plot_learning_curve(run_dir: str, title: str, reward_threshold: Optional[float]) -> str:
   """eval return (and training episode return) against env steps -> plots/learning_curve.png."""
-  fig = learning_curve_figure(run_dir, title, reward_threshold)
-  os.makedirs(os.path.join(run_dir, "plots"), exist_ok=True)
-  path = os.path.join(run_dir, "plots", "learning_curve.png")
+  return _draw_curve(Curve(run_dir, title, reward_threshold))
+
+
+# A process of its own costs about as much to start (Python, then matplotlib's import: ~0.4 s) as
+# drawing this many learning curves (~0.07 s each).
+CURVES_PER_WORKER = 8
+
+
+def plot_workers(curves: int, cores: int) -> int:
+  """How many processes draw `curves` learning curves on a machine with `cores` cores: 0 (this
+  process draws them, one after another) unless at least two processes would each have
+  CURVES_PER_WORKER curves to draw; at most one a core (this process only waits for them)."""
+  workers = min(cores, curves // CURVES_PER_WORKER)
+  return workers if workers >= 2 else 0
+
+
+def available_cores() -> int:
+  """The cores this process may run on (its affinity: a Slurm step's or taskset's share)."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # not on Linux
+    return os.cpu_count() or 1
+
+
+def _curve_path(run_dir: str) -> str:
+  return os.path.join(run_dir, "plots", "learning_curve.png")
+
+
+def _draw_curve(curve: Curve) -> str:
+  fig = learning_curve_figure(curve.run_dir, curve.title, curve.reward_threshold)
+  path = _curve_path(curve.run_dir)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
   fig.savefig(path, dpi=100)
   return path
+
+
+def plot_learning_curves(curves: Sequence[Curve], workers: Optional[int] = None) -> List[str]:
+  """Draws many runs' learning curves (the runs of a vmapped sweep end together); returns their
+  paths. Drawing is matplotlib's Python work and holds the GIL, so a large sweep's curves are drawn
+  by `workers` processes of their own (default `plot_workers` on this machine's cores), each a
+  share of them. They are fresh interpreters (`python -m jrl.experiment.plots`, the curves on
+  stdin), not multiprocessing's: a fork would copy this process's JAX runtime, and a spawn
+  imports the caller's main script again. The PNGs are the same bytes either way."""
+  if workers is None:
+    workers = plot_workers(len(curves), available_cores())
+  if workers < 1 or len(curves) < 2:
+    return [_draw_curve(curve) for curve in curves]
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # this process's imports
+  procs = []
+  for share in (curves[k::workers] for k in range(workers)):
+    proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, env=env, text=True)
+    procs.append(proc)
+    with proc.stdin:
+      json.dump([list(curve) for curve in share], proc.stdin)
+  failed = [proc.wait() for proc in procs]
+  if any(failed):
+    raise RuntimeError(f"a process drawing learning curves failed (exit statuses {failed}; its error is above)")
+  return [_curve_path(curve.run_dir) for curve in curves]
 
 
 def learning_curve_figure(run_dir: str, title: str, reward_threshold: Optional[float]):
@@ -87,3 +150,8 @@ def learning_curve_figure(run_dir: str, title: str, reward_threshold: Optional[f
 
 # Title characters on a line of the 7-inch learning curve at matplotlib's default title size.
 TITLE_CHARACTERS = 66
+
+
+if __name__ == "__main__":  # a worker of plot_learning_curves: its share of the curves on stdin
+  for fields in json.load(sys.stdin):
+    _draw_curve(Curve(*fields))

@@ -468,11 +468,12 @@ class RunCore:
 
   def finish(self, driver: Driver, final_params, wall: float, report_result, report_fields, *, kind: str,
              replay: str, learner_devices: int, learner_processes: int, details: Dict[str, Any],
-             plot_title: str, done_extra: str = "") -> Dict[str, Any]:
+             plot_title: str, done_extra: str = "", curves: Optional[List[plots.Curve]] = None) -> Dict[str, Any]:
     """Writes summary.json and the learning curve, prints the report's verdict and the done
     line; RunWritesFailed if a checkpoint or snapshot was not written. Returns the summary.
     `report_result` None: the report comes later (the distributed program's launcher writes it
-    once every node has ended, `add_to_summary`)."""
+    once every node has ended, `add_to_summary`). `curves`: the learning curve is added to it, for
+    `draw_learning_curves` to draw with the other runs' that ended with this one, not drawn now."""
     exp, books = self.exp, self.books
     summary = make_summary(
         exp=exp, kind=kind, replay=replay, actor_steps=driver.env_steps, learner_steps=driver.learner_steps,
@@ -481,7 +482,11 @@ class RunCore:
         checkpoints=[os.path.basename(p) for p in self.checkpointer.all()], params_digest=params_digest(final_params),
         failed_writes=self.failed_writes.lines, report_fields=report_fields, details=details)
     write_json(os.path.join(self.run_dir, SUMMARY_FILE), summary)
-    plots.plot_learning_curve(self.run_dir, plot_title, books.history.threshold)
+    curve = plots.Curve(self.run_dir, plot_title, books.history.threshold)
+    if curves is None:
+      plots.plot_learning_curve(*curve)
+    else:
+      curves.append(curve)
     if report_result is not None:
       self.progress.maybe_print(f"report: {report_result.advice} ({os.path.join(self.run_dir, REPORT_FILE)})",
                                 force=True)
@@ -491,3 +496,9 @@ class RunCore:
     self.failed_writes.check(self.run_dir)
     summary["run_dir"] = self.run_dir
     return summary
+
+
+def draw_learning_curves(curves: Sequence[plots.Curve]) -> None:
+  """The learning curves of runs that ended together (`RunCore.finish`'s `curves`: a vmapped
+  sweep's), drawn at once: by processes of their own where the machine has cores to spare."""
+  plots.plot_learning_curves(curves)

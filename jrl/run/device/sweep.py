@@ -34,7 +34,7 @@ from jrl.experiment.background import BackgroundWriter
 from jrl.errors import ConfigError
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.interrupt import Interrupts, RunInterrupted
-from jrl.run.core import RunCore
+from jrl.run.core import RunCore, draw_learning_curves
 from jrl.experiment.sweep_report import point_label
 from jrl.gymnax_envs import GymnaxVecEnv, load_gymnax
 from jrl.learners import sharding
@@ -334,24 +334,27 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
     finally:
       writer.close()
   clock.active = False
-  summaries = []
+  summaries, curves = [], []  # the runs' learning curves, drawn together at the end
   shared = SweepShare(runs=len(seeds), eval_seconds=sum(view.eval_seconds for view in sweep.views))
   walls = [core.elapsed() for core in cores]  # the sweep's, as each run lived it (not the others' reports and plots)
-  for core, view, final_params, point, wall in zip(cores, sweep.views, finals, points, walls):
-    # Each run's report charges it the sweep's whole compile, loop and evaluations (they are shared).
-    view.compile_seconds = max(sweep.compile_seconds, clock.seconds)  # JAX's own compile events, as run_device
-    result, report_fields = write_run_report(core.run_dir, core.exp, view, wall, shared)
-    details = {"num_envs": plan.num_envs, "chunk_steps": plan.chunk_steps, "vmapped_runs": len(seeds),
-               "grid_point": point, "compile_seconds": round(view.compile_seconds, 3),
-               "chunk_compile_seconds": round(sweep.compile_seconds, 3),
-               "jax_compile_seconds": round(clock.seconds, 3), "setup_seconds": round(setup_seconds, 3),
-               "loop_seconds": round(view.loop_seconds, 3), "eval_seconds": round(view.eval_seconds, 3),
-               "device_evaluations": view.device_evaluations, "compilation_cache": cache_dir,
-               "host_syncs": sweep.host_syncs}
-    label = point_label(point, ", ")
-    summaries.append(core.finish(
-        view, final_params, wall, result, report_fields, kind="device", replay="device",
-        learner_devices=mesh.devices.size, learner_processes=1, details=details,
-        plot_title=f"{exp.agent} on {exp.env}, seed {core.exp.seed}{' (' + label + ')' if label else ''} "
-                   f"(device, {len(seeds)} runs vmapped)"))
+  try:
+    for core, view, final_params, point, wall in zip(cores, sweep.views, finals, points, walls):
+      # Each run's report charges it the sweep's whole compile, loop and evaluations (they are shared).
+      view.compile_seconds = max(sweep.compile_seconds, clock.seconds)  # JAX's own compile events, as run_device
+      result, report_fields = write_run_report(core.run_dir, core.exp, view, wall, shared)
+      details = {"num_envs": plan.num_envs, "chunk_steps": plan.chunk_steps, "vmapped_runs": len(seeds),
+                 "grid_point": point, "compile_seconds": round(view.compile_seconds, 3),
+                 "chunk_compile_seconds": round(sweep.compile_seconds, 3),
+                 "jax_compile_seconds": round(clock.seconds, 3), "setup_seconds": round(setup_seconds, 3),
+                 "loop_seconds": round(view.loop_seconds, 3), "eval_seconds": round(view.eval_seconds, 3),
+                 "device_evaluations": view.device_evaluations, "compilation_cache": cache_dir,
+                 "host_syncs": sweep.host_syncs}
+      label = point_label(point, ", ")
+      summaries.append(core.finish(
+          view, final_params, wall, result, report_fields, kind="device", replay="device",
+          learner_devices=mesh.devices.size, learner_processes=1, details=details,
+          plot_title=f"{exp.agent} on {exp.env}, seed {core.exp.seed}{' (' + label + ')' if label else ''} "
+                     f"(device, {len(seeds)} runs vmapped)", curves=curves))
+  finally:
+    draw_learning_curves(curves)  # those of the runs whose summary was written
   return summaries
