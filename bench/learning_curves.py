@@ -3,7 +3,7 @@
   .venv/bin/python bench/learning_curves.py [--curves 16,64] [--workers 0,1,2]
 
 A vmapped sweep's runs end together and their curves are drawn together
-(`jrl.experiment.plots.plot_learning_curves`). For each number of curves, this writes that many
+(`jrl.run.core.draw_learning_curves`). For each number of curves, this writes that many
 run folders of metrics shaped like a device PPO run's (33 training rows, 14 evaluations, each
 folder its own numbers) and times drawing them with each number of worker processes (0: in this
 process, one after another), with matplotlib already imported here, as at a run's end. Prints
@@ -23,6 +23,7 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 from jrl.experiment import plots  # noqa: E402
+from jrl.run.core import draw_learning_curves  # noqa: E402
 
 
 def write_runs(folder: str, count: int):
@@ -56,7 +57,7 @@ def main(argv=None) -> int:
       here = None
       for workers in (int(w) for w in args.workers.split(",")):
         start = time.monotonic()
-        plots.plot_learning_curves(curves, workers=workers)
+        draw_learning_curves(curves, workers)
         seconds = time.monotonic() - start
         here = seconds if workers == 0 else here
         ratio = f"{seconds / here:.2f}" if here else "-"

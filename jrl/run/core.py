@@ -498,7 +498,8 @@ class RunCore:
     return summary
 
 
-def draw_learning_curves(curves: Sequence[plots.Curve]) -> None:
+def draw_learning_curves(curves: Sequence[plots.Curve], workers: Optional[int] = None) -> List[str]:
   """The learning curves of runs that ended together (`RunCore.finish`'s `curves`: a vmapped
-  sweep's), drawn at once: by processes of their own where the machine has cores to spare."""
-  plots.plot_learning_curves(curves)
+  sweep's), drawn at once: by `workers` processes of their own (default: as many as repay their
+  start on this machine's cores, `plots.plot_workers`). Their paths."""
+  return plots.plot_learning_curves(curves, workers)
