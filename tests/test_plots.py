@@ -82,3 +82,12 @@ def test_curves_drawn_by_a_pool_of_processes_are_the_same_pngs(tmp_path):
     with open(path, "rb") as f:
       assert f.read() == data
   assert len(set(pooled)) == 5  # five different curves, not one drawn five times
+
+
+def test_a_worker_that_fails_fails_the_drawing(tmp_path):
+  """A run folder whose plots/ is a file: its worker's error reaches the caller as one error."""
+  good = _run_dir(tmp_path / "good", [(1000, 1.0)], [(500, 0.5)])
+  bad = _run_dir(tmp_path / "bad", [(1000, 1.0)], [(500, 0.5)])
+  (tmp_path / "bad" / "plots").write_text("not a folder\n")
+  with pytest.raises(RuntimeError, match="drawing learning curves failed"):
+    plots.plot_learning_curves([plots.Curve(good, "g", None), plots.Curve(bad, "b", None)], workers=2)
