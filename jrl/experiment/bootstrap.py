@@ -3,8 +3,8 @@
 rliable (`library.get_interval_estimates`, through arch's `IIDBootstrap.conf_int`) draws one
 resample at a time and calls the metric on it in Python, 50,000 times for each of a sweep
 report's intervals: host work at the end of every sweep, whatever its number of runs (the
-performance page has its seconds). Here the resampling indices of all resamples are one draw and the metrics take the whole batch
-([reps, runs, tasks, ...]) in numpy. The numbers are rliable's to the bit: the same indices in
+performance page has its seconds). Here the resampling indices of all resamples are one draw
+and the metrics take the whole batch ([reps, runs, tasks, ...]) in numpy. The numbers are rliable's to the bit: the same indices in
 the same order (rliable draws them from numpy's global RNG with `np.random.choice`; one call for
 every resample yields what one call per resample yields), the same metric arithmetic per
 resample, and arch's percentile interval (`np.percentile` at 100 * alpha and 100 * (1 - alpha)).
