@@ -524,3 +524,67 @@ def test_an_identical_second_command_loads_the_compiled_loop_from_the_cache(tmp_
   first, second = details
   assert first["compilation_cache_hits"] == 0 and first["backend_compiles"] > 0, first
   assert second["compilation_cache_hits"] == second["backend_compiles"] == first["backend_compiles"], second
+
+
+def test_compiled_meanwhile_hands_over_the_program_or_its_error():
+  """`CompiledMeanwhile` runs the compile on a thread of its own and hands the host thread its
+  program, or the error the compile raised; as a context it waits for the compile however the
+  block ends (an error of the block's own is raised, not the compile's)."""
+  import threading
+  from jrl.run.device.runner import CompiledMeanwhile
+  threads = []
+  compiled = CompiledMeanwhile(lambda: threads.append(threading.current_thread().name) or "program")
+  assert compiled.result() == "program" and threads == ["jrl-compile"]
+
+  def failing():
+    raise ValueError("XLA refused it")
+  with pytest.raises(ValueError, match="^XLA refused it$"):
+    CompiledMeanwhile(failing).result()
+  release, finished = threading.Event(), []
+
+  def slow():
+    release.wait()
+    finished.append(True)
+  with pytest.raises(KeyError):
+    with CompiledMeanwhile(slow):
+      release.set()
+      raise KeyError("the init failed")
+  assert finished == [True]  # the compile was waited for before the block's error went on
+
+
+@pytest.mark.needs_gymnax
+def test_a_device_run_compiles_its_chunk_beside_the_init(tmp_path, monkeypatch):
+  """The set-up's two large programs compile on two threads: the chunk on `jrl-compile`, the
+  loop's init on the host thread, which runs the init while the chunk compiles; the loop then
+  compiles nothing. (An empty compilation cache of its own: a program loaded from the cache is
+  not compiled.)"""
+  import threading
+  monkeypatch.setenv("JRL_JAX_CACHE", str(tmp_path / "jax-cache"))
+  compiles, recording = [], [True]
+
+  def listen(event, duration, **kwargs):
+    if recording[0] and event == "/jax/core/compile/backend_compile_duration":
+      compiles.append((kwargs.get("fun_name"), threading.current_thread().name))
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  try:
+    summary = _short_run(tmp_path, "run", "ppo", 1_024)
+  finally:
+    recording[0] = False
+  assert ("jit(chunk)", "jrl-compile") in compiles, compiles
+  assert ("jit(init)", "MainThread") in compiles, compiles
+  assert summary["details"]["loop_compiles"] == 0
+
+
+@pytest.mark.slow  # four processes, each compiling a device run's programs
+@pytest.mark.needs_gymnax
+def test_the_overlapped_compile_bench_runs_its_arms(tmp_path):
+  """bench/overlapped_compile.py, small: both kinds of run, both ways of compiling, one repeat."""
+  out = tmp_path / "overlapped.json"
+  done = subprocess.run([sys.executable, "bench/overlapped_compile.py", "--repeats", "1", "--seeds", "2",
+                         "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+  record = json.loads(out.read_text())
+  assert set(record["arms"]) == {"single run", "sweep of 2"}
+  for row in record["arms"].values():
+    assert row["setup_seconds_serial"] > 0 and row["setup_seconds_overlapped"] > 0, row
+    assert row["setup_ratio"] == round(row["setup_seconds_overlapped"] / row["setup_seconds_serial"], 2), row

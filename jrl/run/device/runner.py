@@ -10,6 +10,7 @@ with the same bytes as one never stopped.
 import contextlib
 import functools
 import os
+import threading
 import time
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
@@ -435,25 +436,53 @@ def chunk_shapes(plan: Plan, eval_books: EvalBooks, open_row: Dict[str, Any]) ->
   return inputs, jax.tree_util.tree_map(shape, eval_books), jax.tree_util.tree_map(shape, open_row)
 
 
+class CompiledMeanwhile:
+  """A lowered program compiled by XLA on a thread of its own while the host thread goes on: XLA
+  compiles without holding the GIL, so the chunk compiles while the loop's init compiles and
+  runs, and a run's set-up takes about the longer of the two compiles rather than their sum (on
+  a host with a core to spare). `result()` waits for the program and returns it, or raises the
+  error its compile raised. Used as a context, it is waited for however the block ends: no
+  compile outlives the set-up that started it."""
+
+  def __init__(self, compile_program: Callable[[], Any]):
+    self._program: Any = None
+    self._error: Optional[BaseException] = None
+    self._thread = threading.Thread(target=self._compile, args=(compile_program,), name="jrl-compile", daemon=True)
+    self._thread.start()
+
+  def _compile(self, compile_program: Callable[[], Any]) -> None:
+    try:
+      self._program = compile_program()
+    except BaseException as e:  # noqa: BLE001 - raised in the host thread, by result()
+      self._error = e
+
+  def result(self) -> Any:
+    self._thread.join()
+    if self._error is not None:
+      raise self._error
+    return self._program
+
+  def __enter__(self) -> "CompiledMeanwhile":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self._thread.join()
+
+
 class Compiled(NamedTuple):
   """The device loop's programs, compiled ahead of time."""
   chunk: Any            # (carry, ChunkInputs, EvalBooks, open row) -> (carry, ChunkOutputs)
   params_of_state: Any  # learner state -> params, replicated
-  seconds: float
+  seconds: float        # from the chunk's trace to its compiled program (the init compiled and ran meanwhile)
 
 
-def compile_loop(loop: DeviceLoop, plan: Plan, carry_shape: Carry, shardings: Optional[Carry],
-                 books: EvalBooks, open_row: Dict[str, Any], may_stop: bool) -> Compiled:
-  """Compiles the chunk (its evaluations in it) and the params getter of one run."""
-  start = time.monotonic()
+def lower_chunk(loop: DeviceLoop, plan: Plan, carry_shape: Carry, shardings: Optional[Carry], books: EvalBooks,
+                open_row: Dict[str, Any], may_stop: bool) -> jax.stages.Lowered:
+  """The chunk of one run (its evaluations in it), traced and lowered for XLA to compile."""
   chunk_fn = jax.jit(functools.partial(loop.chunk, may_stop=may_stop),
                      in_shardings=(shardings, loop.replicated, loop.replicated, loop.replicated),
                      out_shardings=(shardings, loop.replicated), donate_argnums=0)
-  compiled_chunk = chunk_fn.lower(carry_shape, *chunk_shapes(plan, books, open_row)).compile()
-  # Given the learner state alone: the rest of the carry (env states) may hold weakly typed leaves that
-  # the compiled chunk returns strongly typed (gymnax's Pendulum), and any change of type recompiles.
-  params_of_state = jax.jit(loop.learner.params, out_shardings=loop.replicated)
-  return Compiled(compiled_chunk, params_of_state, time.monotonic() - start)
+  return chunk_fn.lower(carry_shape, *chunk_shapes(plan, books, open_row))
 
 
 class DeviceDriver(SeedHost):
@@ -466,14 +495,21 @@ class DeviceDriver(SeedHost):
     loop = DeviceLoop(exp, agent_cfg, env, parts, mesh, plan)
     carry_shape = jax.eval_shape(loop.init, exp.seed)
     shardings = loop.carry_shardings(carry_shape)
-    if core.saved is None:
-      self.carry = jax.jit(loop.init, static_argnums=0, out_shardings=shardings)(exp.seed)
-    else:
-      self.carry = carry_from_host(core.saved["carry"], carry_shape, shardings, os.path.relpath(core.resume_info.path))
     self._init_host(core, loop, plan)
     self.may_stop = exp.stop_at_threshold
-    self.compiled = compile_loop(loop, plan, carry_shape, shardings, self.eval_books(core, self.may_stop),
-                                 self.open_row(), self.may_stop)
+    if core.saved is not None:  # a saved carry that does not fit is a ConfigError before anything compiles
+      self.carry = carry_from_host(core.saved["carry"], carry_shape, shardings, os.path.relpath(core.resume_info.path))
+    start = time.monotonic()
+    lowered = lower_chunk(loop, plan, carry_shape, shardings, self.eval_books(core, self.may_stop), self.open_row(),
+                          self.may_stop)
+    with CompiledMeanwhile(lowered.compile) as compiling:
+      if core.saved is None:
+        self.carry = jax.jit(loop.init, static_argnums=0, out_shardings=shardings)(exp.seed)
+      chunk = compiling.result()
+    # Given the learner state alone: the rest of the carry (env states) may hold weakly typed leaves that
+    # the compiled chunk returns strongly typed (gymnax's Pendulum), and any change of type recompiles.
+    params_of_state = jax.jit(loop.learner.params, out_shardings=loop.replicated)
+    self.compiled = Compiled(chunk, params_of_state, time.monotonic() - start)
     self.sizer = ChunkSizer(plan, exp.steps)
     self.compile_seconds = self.compiled.seconds
     self.params()  # compiled now: the loop itself compiles nothing

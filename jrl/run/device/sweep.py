@@ -28,8 +28,9 @@ import numpy as np
 
 from jrl import jit_cache
 from jrl.run.device.loop import DeviceLoop, EvalBooks, make_plan
-from jrl.run.device.runner import (ChunkSizer, CompileClock, SeedHost, SweepShare, account_chunk, carry_from_host,
-                                   chunk_shapes, device_setup, fetch_outputs, write_run_report, writing)
+from jrl.run.device.runner import (ChunkSizer, CompileClock, CompiledMeanwhile, SeedHost, SweepShare, account_chunk,
+                                   carry_from_host, chunk_shapes, device_setup, fetch_outputs, write_run_report,
+                                   writing)
 from jrl.experiment.background import BackgroundWriter
 from jrl.errors import ConfigError
 from jrl.experiment.config import ExperimentConfig
@@ -138,15 +139,10 @@ class VmappedRuns:
     self.values = jnp.asarray([[point[f] for f in fields] for point in points], jnp.float32)  # [runs, fields]
     seeds = jnp.asarray([core.exp.seed for core in cores], jnp.int32)
     init = jax.vmap(lambda v, seed: loop_at(v).init(seed))
-    carry_shape = jax.eval_shape(init, self.values, seeds)
+    carry_shape = jax.eval_shape(init, self.values, seeds)  # the init's trace (the jit below reuses it)
     one = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), carry_shape)
-    if all(core.saved is None for core in cores):
-      self.carry = jax.jit(init)(self.values, seeds)
-    elif all(core.saved is not None for core in cores):
-      carries = [carry_from_host(core.saved["carry"], one, jax.tree_util.tree_map(lambda _: loop.replicated, one),
-                                 os.path.relpath(core.resume_info.path)) for core in cores]
-      self.carry = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *carries)
-    else:
+    fresh = all(core.saved is None for core in cores)
+    if not fresh and not all(core.saved is not None for core in cores):
       raise ConfigError("resume", "some runs of the sweep have a checkpoint and some do not; resume all or none")
     self._host_carry: Optional[List[np.ndarray]] = None
     self._host_params: Optional[Any] = None
@@ -155,11 +151,19 @@ class VmappedRuns:
     self.views = [SeedView(self, i, core, point_loop(point)) for i, (core, point) in enumerate(zip(cores, points))]
     if len({(v.env_steps, v.vector_steps) for v in self.views}) != 1:
       raise ConfigError("resume", "the runs' checkpoints are at different env steps; resume them one by one")
+    if not fresh:  # a saved carry that does not fit is a ConfigError before anything compiles
+      carries = [carry_from_host(core.saved["carry"], one, jax.tree_util.tree_map(lambda _: loop.replicated, one),
+                                 os.path.relpath(core.resume_info.path)) for core in cores]
+      self.carry = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *carries)
     # Runs step together and do not stop at their thresholds: the loop's trip count is the sweep's.
     chunk = jax.vmap(lambda v, carry, inputs, books, open_row: loop_at(v).chunk(carry, inputs, books, open_row),
                      in_axes=(0, 0, None, 0, 0))
     shapes = chunk_shapes(plan, self.eval_books(), self.open_rows())
-    self.chunk = jax.jit(chunk, donate_argnums=1).lower(self.values, carry_shape, *shapes).compile()
+    lowered = jax.jit(chunk, donate_argnums=1).lower(self.values, carry_shape, *shapes)
+    with CompiledMeanwhile(lowered.compile) as compiling:  # XLA compiles the chunk while the init compiles and runs
+      if fresh:
+        self.carry = jax.jit(init)(self.values, seeds)
+      self.chunk = compiling.result()
     self.sizer = ChunkSizer(plan, exp.steps)
     self.params_of_runs = jax.jit(jax.vmap(loop.learner.params), out_shardings=loop.replicated)
     self.host_params()  # compiled now
