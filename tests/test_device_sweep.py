@@ -112,7 +112,8 @@ def test_launch_sweep_with_the_device_backend_runs_every_seed_in_one_program_and
   done = subprocess.run([sys.executable, "-m", "launch.sweep", "--agent", "dqn", "--env", "gymnax:CartPole-v1",
                          "--backend", "device", "--seeds", "0-2", "--steps", "2000", "--eval_every", "1000",
                          "--num_envs", "4", "--hidden_sizes", "32,32", "--min_replay_size", "200",
-                         "--run_dir", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                         "--run_dir", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                        env=dict(os.environ, JRL_JAX_CACHE=str(tmp_path / "jax-cache")))  # every program compiled
   assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
   assert "all in one vmapped program" in done.stdout
   with open(run_dir / "sweep.json") as f:
@@ -131,6 +132,7 @@ def test_launch_sweep_with_the_device_backend_runs_every_seed_in_one_program_and
   for summary, run in zip(summaries, record["runs"]):
     phases = summary["phase_seconds"]["main"]
     assert summary["details"]["device_evaluations"] == 2 and phases["eval"] == 0.0, (summary["details"], phases)
+    assert summary["details"]["loop_compiles"] == 0, summary["details"]  # not even the params at the end
     text = (run_dir / run["run_dir"] / "report.md").read_text()
     assert "## vmapped sweep" in text and "2 of this session's evaluations ran inside the compiled loop" in text
   # One progress line for the sweep, not one per run: every line names the three runs.

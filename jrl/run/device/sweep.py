@@ -161,8 +161,8 @@ class VmappedRuns:
     shapes = chunk_shapes(plan, self.eval_books(), self.open_rows())
     lowered = jax.jit(chunk, donate_argnums=1).lower(self.values, carry_shape, *shapes)
     with CompiledMeanwhile(lowered.compile) as compiling:  # XLA compiles the chunk while the init compiles and runs
-      if fresh:
-        self.carry = jax.jit(init)(self.values, seeds)
+      if fresh:  # placed as the chunk returns it (and as a resumed carry is): one params program for both
+        self.carry = jax.jit(init, out_shardings=loop.replicated)(self.values, seeds)
       self.chunk = compiling.result()
     self.sizer = ChunkSizer(plan, exp.steps)
     self.params_of_runs = jax.jit(jax.vmap(loop.learner.params), out_shardings=loop.replicated)
@@ -311,6 +311,7 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
                          dataclasses.replace(agent_cfg, **point), threshold, writer=writer))
     cores[-1].start_clock(at=start)
   sweep = VmappedRuns(exp, agent_cfg, env, parts, plan, mesh, cores, points)
+  compiles_before_loop = clock.backend_compiles
   for core, view, point in zip(cores, sweep.views, points):
     label = f" {point_label(point)}" if point else ""
     core.open(view.env_steps, f"{exp.agent} {exp.env} s{core.exp.seed}{label}")
@@ -351,8 +352,10 @@ def run_device_sweep(exp: ExperimentConfig, agent_cfg, seeds: Sequence[int], run
                  "chunk_compile_seconds": round(sweep.compile_seconds, 3),
                  "jax_compile_seconds": round(clock.seconds, 3), "setup_seconds": round(setup_seconds, 3),
                  "loop_seconds": round(view.loop_seconds, 3), "eval_seconds": round(view.eval_seconds, 3),
-                 "device_evaluations": view.device_evaluations, "compilation_cache": cache_dir,
-                 "host_syncs": sweep.host_syncs}
+                 "device_evaluations": view.device_evaluations,
+                 "loop_compiles": clock.backend_compiles - compiles_before_loop,
+                 "backend_compiles": clock.backend_compiles, "compilation_cache": cache_dir,
+                 "compilation_cache_hits": clock.cache_hits, "host_syncs": sweep.host_syncs}
       label = point_label(point, ", ")
       summaries.append(core.finish(
           view, final_params, wall, result, report_fields, kind="device", replay="device",
