@@ -493,7 +493,8 @@ class DeviceDriver(SeedHost):
   def __init__(self, exp: ExperimentConfig, agent_cfg, env: GymnaxVecEnv, parts, plan: Plan, mesh, core: RunCore,
                clock: CompileClock):
     loop = DeviceLoop(exp, agent_cfg, env, parts, mesh, plan)
-    carry_shape = jax.eval_shape(loop.init, exp.seed)
+    init = loop.init  # one function object: the jit below reuses this trace
+    carry_shape = jax.jit(init, static_argnums=0).eval_shape(exp.seed)
     shardings = loop.carry_shardings(carry_shape)
     self._init_host(core, loop, plan)
     self.may_stop = exp.stop_at_threshold
@@ -504,7 +505,7 @@ class DeviceDriver(SeedHost):
                           self.may_stop)
     with CompiledMeanwhile(lowered.compile) as compiling:
       if core.saved is None:
-        self.carry = jax.jit(loop.init, static_argnums=0, out_shardings=shardings)(exp.seed)
+        self.carry = jax.jit(init, static_argnums=0, out_shardings=shardings)(exp.seed)
       chunk = compiling.result()
     # Given the learner state alone: the rest of the carry (env states) may hold weakly typed leaves that
     # the compiled chunk returns strongly typed (gymnax's Pendulum), and any change of type recompiles.
