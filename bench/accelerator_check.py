@@ -48,7 +48,8 @@ own. On a CPU, with a budget of an hour, the 16-seed arms give the host-share fi
 arm the folder `--out` gets `results.json` (every figure, and each vmapped seed's report phases) and
 `table.md` (the rows for the docs' performance page): wall seconds, the ratios the device-loop
 issue asks for (vmapped against PureJaxRL's process and against one by one), the host's share of
-the vmapped runs (their reports' eval + other) against a single run's, env steps per second at
+the vmapped runs (their reports' eval + other) against a single run's, each 16-seed arm's compile
+and loop seconds (the vmapped sweep's shared ones; one by one, their sum), env steps per second at
 2,048 envs, the embedded arms' rates beside the CPU's, the distributed arm's, and the accelerator
 JAX saw.
 
@@ -165,7 +166,15 @@ def sweep_arm(name: str, sizes: Sizes, folder: str, timeout: float, extra=()) ->
     record["seeds"] = device_sweep.seed_results(run_dir, sizes.seeds)
     record["reached_475"] = sum((s["best"] or 0) >= 475 for s in record["seeds"])
     record["host_seconds_per_run"] = round(host_share(record["seeds"]), 2)
+    record.update(process_phases(record["seeds"], vmapped="--one_by_one" not in extra))
   return record
+
+
+def process_phases(seeds: List[Dict[str, Any]], vmapped: bool) -> Dict[str, float]:
+  """The process's compile and loop seconds from its runs' reports: a vmapped sweep's runs each
+  report the sweep's one compile and loop (shared); runs one by one each report their own."""
+  phase = lambda key: seeds[0]["phase_seconds"][key] if vmapped else sum(s["phase_seconds"][key] for s in seeds)
+  return {"compile_seconds": round(phase("compile"), 1), "loop_seconds": round(phase("device_loop"), 1)}
 
 
 def purejaxrl_arm(sizes: Sizes, seeds: int, num_envs: int, steps: int, timeout: float) -> Dict[str, Any]:
@@ -389,7 +398,8 @@ def table(record: Dict[str, Any]) -> str:
     elif not arm.get("ok"):
       note = "failed: " + arm.get("error", "")[-200:].replace("\n", " ").replace("|", "/")
     elif "seeds" in arm:
-      note = f"{arm['reached_475']}/{len(arm['seeds'])} seeds reached 475; host {arm['host_seconds_per_run']} s a run"
+      note = (f"{arm['reached_475']}/{len(arm['seeds'])} seeds reached 475; compile {arm['compile_seconds']} s, "
+              f"loop {arm['loop_seconds']} s; host {arm['host_seconds_per_run']} s a run")
     elif "loop_env_steps_per_second" in arm:
       note = (f"{arm['env_steps']} env steps: {arm['loop_env_steps_per_second']:,} env steps/s in the loop, "
               f"{arm['process_env_steps_per_second']:,} over the process")

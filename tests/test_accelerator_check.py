@@ -35,6 +35,10 @@ def test_the_quick_accelerator_check_runs_every_device_arm_and_writes_its_table(
   # Both sweeps trained the same two seeds: their runs' digests differ by seed, not by arm's count.
   assert [s["seed"] for s in vmapped["seeds"]] == [s["seed"] for s in one_by_one["seeds"]] == [0, 1]
   assert all(set(s["phase_seconds"]) == {"device_loop", "eval", "compile", "other"} for s in vmapped["seeds"])
+  # The process's compile and loop: the vmapped sweep's are its runs' shared ones; one by one, their sum.
+  assert vmapped["compile_seconds"] == round(vmapped["seeds"][0]["phase_seconds"]["compile"], 1)
+  assert one_by_one["loop_seconds"] == round(sum(s["phase_seconds"]["device_loop"] for s in one_by_one["seeds"]), 1)
+  assert f"compile {vmapped['compile_seconds']} s, loop {vmapped['loop_seconds']} s; host" in table
   assert record["arms"]["wide_jrl"]["env_steps"] >= record["sizes"]["wide_steps"]
   assert len(record["arms"]["purejaxrl"]["training_return_finals"]) == 2
   figures = record["figures"]
@@ -78,6 +82,14 @@ def test_only_takes_arms_and_groups_and_refuses_an_unknown_name(tmp_path):
   assert len(groups["embedded"]) == 12 and groups["distributed"] == ("distributed_dqn",)
   with pytest.raises(SystemExit):  # before anything runs
     accelerator_check.main(["--quick", "--out", str(tmp_path), "--only", "embedded,gpu_arm"])
+
+
+def test_a_sweeps_compile_and_loop_are_the_processs():
+  """A vmapped sweep's runs each report the sweep's one compile and loop; runs one by one their own."""
+  seeds = [{"phase_seconds": {"compile": 9.04, "device_loop": 7.12, "eval": 0.0, "other": 0.3}},
+           {"phase_seconds": {"compile": 0.96, "device_loop": 6.88, "eval": 0.0, "other": 0.2}}]
+  assert accelerator_check.process_phases(seeds, vmapped=True) == {"compile_seconds": 9.0, "loop_seconds": 7.1}
+  assert accelerator_check.process_phases(seeds, vmapped=False) == {"compile_seconds": 10.0, "loop_seconds": 14.0}
 
 
 def test_an_accelerator_hosts_arms_are_set_beside_the_cpus():
