@@ -34,7 +34,7 @@ import time
 from typing import Dict, List, NamedTuple, Optional, Sequence
 
 from jrl import accelerators
-from launch.cli import OneLineParser, build_config, fail, given_fields, with_preset
+from launch.cli import OneLineParser, build_config, end_process, fail, given_fields, with_preset
 
 PROG = "python -m launch.sweep"
 _OWNED = ("seed", "run_dir", "resume")  # set by the sweep for each seed
@@ -43,6 +43,7 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # whole-program runtime (bench/sweep_cores.py --update_ms). Only `--name=value` tokens: a token
 # without the dashes in XLA_FLAGS made XLA ignore the flags after it (the runtime went unchanged).
 ONE_CORE_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false --xla_cpu_use_thunk_runtime=false"
+_finished_sweep = False  # set once a sweep's record, report and runs are written (`cli.end_process`)
 
 
 class Job(NamedTuple):
@@ -415,8 +416,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   print(f"[sweep] {len(outcomes) - len(failed)}/{len(outcomes)} seeds finished"
         + (f", failed: {', '.join(str(o.seed) for o in sorted(failed))}" if failed else "")
         + f" | report {os.path.join(args.run_dir, sweep_report.REPORT_MD)}", flush=True)
+  global _finished_sweep
+  _finished_sweep = True  # its record, report and runs are written
   return 1 if failed else 0
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  end_process(main(), _finished_sweep)

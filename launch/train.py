@@ -13,24 +13,23 @@ Ctrl-C or SIGTERM stops a run at its next safe point with a checkpoint of it, an
 """
 
 import argparse
-import atexit
 import os
 import signal
 import sys
 from typing import Optional, Sequence
 
 from jrl.run.distributed import faults
-from launch.cli import (OneLineParser, add_dataclass_flags, add_grouped_flags, build_config, fail, given_fields,
-                        with_preset)
+from launch.cli import (OneLineParser, add_dataclass_flags, add_grouped_flags, build_config, end_process, fail,
+                        given_fields, with_preset)
 
 PROG = "python -m launch.train"
 FAULT_FLAGS = tuple(faults.FLAGS)  # jrl/run/distributed/faults.py's environment variable, as flags
-# Set once an embedded run has finished and written everything (see `_exit`).
-_finished_embedded_run = False
+# Set once an embedded or device run has finished and written everything (`cli.end_process`).
+_finished_run = False
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  global _finished_embedded_run
+  global _finished_run
   argv = list(sys.argv[1:] if argv is None else argv)
   from jrl import compat
   from jrl.agents import get_agent
@@ -100,6 +99,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if exp.mode == DEVICE:
       from jrl.run.device.runner import run_device  # gymnax envs; checks the env id itself
       run_device(exp, agent_cfg)
+      _finished_run = True
       return 0
     from jrl.cpu_jit import dispatch_synchronously
     dispatch_synchronously()  # before the first array: see its docstring
@@ -127,11 +127,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         hide_native_chatter()  # Reverb's C++ info lines
       from jrl.run.embedded import run
       run(exp, agent_cfg)  # unexpected errors keep their traceback
-      _finished_embedded_run = True
+      _finished_run = True
   except ConfigError as e:
     fail(PROG, e)
   except RunWritesFailed as e:  # the run's summary and report are written; some checkpoint is not
-    _finished_embedded_run = exp.mode != DISTRIBUTED
+    _finished_run = exp.mode != DISTRIBUTED
     print(f"{PROG}: error: {e}", file=sys.stderr)
     return 1
   except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: RunInterrupted after the run's checkpoint
@@ -187,21 +187,5 @@ def make_parser(agent_name: str, agent, prog: str = PROG) -> OneLineParser:
   return parser
 
 
-def _exit(code: int) -> None:
-  """Ends the process. After an embedded run, whose files are all written, closed and
-  synced by then, the interpreter's own teardown (garbage collection of the JAX, TensorFlow
-  and Reverb modules, their C++ destructors: about 1 s) is skipped: atexit handlers run,
-  the standard streams are flushed, and the process exits."""
-  if not _finished_embedded_run:
-    sys.exit(code)
-  atexit._run_exitfuncs()
-  for stream in (sys.stdout, sys.stderr):
-    try:
-      stream.flush()
-    except (OSError, ValueError):
-      pass
-  os._exit(code)
-
-
 if __name__ == "__main__":
-  _exit(main())
+  end_process(main(), _finished_run)

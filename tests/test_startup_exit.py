@@ -48,3 +48,35 @@ def test_a_reverb_run_stopped_at_its_threshold_exits_right_after_done(tmp_path):
   summary = json.load(open(run_dir / "summary.json"))
   assert summary["replay"] == "reverb" and summary["actor_steps"] == 3000  # stopped at the first evaluation
   assert exited - done_at < EXIT_LIMIT_S, f"{exited - done_at:.1f} s from done: to exit"
+
+
+# Imported at start-up from PYTHONPATH: a module global whose finaliser writes a line when the
+# interpreter tears its modules down (os.write bound early: the os module may be gone by then).
+TEARDOWN_PROBE = ("import os\n"
+                  "class _Teardown:\n"
+                  "  def __del__(self, write=os.write):\n"
+                  "    write(2, b'interpreter teardown\\n')\n"
+                  "_probe = _Teardown()\n")
+
+
+@pytest.mark.needs_gymnax
+def test_a_finished_device_run_or_sweep_skips_the_interpreters_teardown(tmp_path):
+  """A device run's or sweep's command ends once its files are written, without the interpreter's
+  teardown (most of a second of garbage collection over the heap a run leaves); bad input ends
+  the usual way (the probe sees that teardown, so it would see the others)."""
+  probe = tmp_path / "probe"
+  probe.mkdir()
+  (probe / "sitecustomize.py").write_text(TEARDOWN_PROBE)
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(probe), ROOT]))
+  run = lambda *argv: subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, env=env, capture_output=True,
+                                     text=True, timeout=600)
+  flags = ["--agent", "ppo", "--env", "gymnax:CartPole-v1", "--backend", "device", "--steps", "1024"]
+  bad = run("launch.train", *flags, "--eval_every", "0")
+  assert bad.returncode == 2 and "interpreter teardown" in bad.stderr, bad.stderr[-2000:]
+  done = run("launch.train", *flags, "--run_dir", str(tmp_path / "run"))
+  assert done.returncode == 0 and "interpreter teardown" not in done.stderr, done.stderr[-2000:]
+  assert json.loads((tmp_path / "run" / "summary.json").read_text())["actor_steps"] == 1024
+  swept = run("launch.sweep", *flags, "--seeds", "0-1", "--run_dir", str(tmp_path / "sweep"))
+  assert swept.returncode == 0 and "interpreter teardown" not in swept.stderr, swept.stderr[-2000:]
+  assert json.loads((tmp_path / "sweep" / "sweep.json").read_text())["runs"][1]["status"] == "ok"
+  assert (tmp_path / "sweep" / "report.md").exists()
