@@ -5,7 +5,8 @@ the same commands ending the usual way (`sys.exit(main(argv))`), side by side in
   .venv/bin/python bench/command_exit.py [--repeat 3] [--steps 4096] [--seeds 4]
 
 Arms, each a process of its own, alternated `--repeat` times: `launch.train --backend device`
-(PPO on gymnax:CartPole-v1) and `launch.sweep --backend device --seeds 0-(N-1)`, each as typed
+(PPO on gymnax:CartPole-v1), `launch.sweep --backend device --seeds 0-(N-1)` and
+`launch.evaluate` of a device run (its best policy's evaluation again, on device), each as typed
 (`python -m launch.train ...`) and through `python -c` calling its `main` and then `sys.exit`
 (the interpreter tears down its modules: garbage collection over a run's heap). Prints each
 arm's median seconds from its last output line to its exit, and the process's wall.
@@ -45,12 +46,16 @@ def main() -> int:
   args = parser.parse_args()
   folder = tempfile.mkdtemp(prefix="command-exit-")
   flags = ["--agent", "ppo", "--env", "gymnax:CartPole-v1", "--backend", "device", "--steps", str(args.steps)]
-  commands = {"launch.train": flags, "launch.sweep": flags + ["--seeds", f"0-{args.seeds - 1}"]}
+  evaluated = os.path.join(folder, "evaluated")  # the run launch.evaluate plays again
+  timed([sys.executable, "-m", "launch.train", *flags, "--run_dir", evaluated])
+  commands = {"launch.train": lambda run_dir: flags + ["--run_dir", run_dir],
+              "launch.sweep": lambda run_dir: flags + ["--seeds", f"0-{args.seeds - 1}", "--run_dir", run_dir],
+              "launch.evaluate": lambda run_dir: [evaluated]}
   samples = {(name, typed): [] for name in commands for typed in (True, False)}
   for repeat in range(args.repeat):
     for name, argv in commands.items():
       for typed in (True, False):
-        argv_here = argv + ["--run_dir", os.path.join(folder, f"{name}-{typed}-{repeat}")]
+        argv_here = argv(os.path.join(folder, f"{name}-{typed}-{repeat}"))
         command = ([sys.executable, "-u", "-m", name, *argv_here] if typed else
                    [sys.executable, "-u", "-c", f"import sys; from {name} import main; sys.exit(main({argv_here!r}))"])
         samples[(name, typed)].append(timed(command))

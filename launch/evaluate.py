@@ -22,9 +22,10 @@ import os
 import sys
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-from launch.cli import OneLineParser, fail
+from launch.cli import OneLineParser, end_process, fail
 
 PROG = "python -m launch.evaluate"
+_finished = False  # set once the evaluation is printed and its video written (`cli.end_process`)
 EVAL_SEED_OFFSET = 10_000  # a run's evaluator is seeded exp.seed + 10_000
 
 
@@ -141,8 +142,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"video: {video} ({episodes} episodes, returns {', '.join(f'{r:g}' for r in stats.returns)}; "
           f"{stats.frames} frames {stats.width}x{stats.height} at {stats.fps} fps, "
           f"{stats.bytes / 1e6:.2f} MB, {stats.seconds:.1f} s)")
+  global _finished
+  _finished = True  # printed, and the video (if any) written and closed
   return 0
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  end_process(main(), _finished)

@@ -61,9 +61,9 @@ TEARDOWN_PROBE = ("import os\n"
 
 @pytest.mark.needs_gymnax
 def test_a_finished_device_run_or_sweep_skips_the_interpreters_teardown(tmp_path):
-  """A device run's or sweep's command ends once its files are written, without the interpreter's
-  teardown (most of a second of garbage collection over the heap a run leaves); bad input ends
-  the usual way (the probe sees that teardown, so it would see the others)."""
+  """A device run's, its evaluation's and a sweep's commands end once their output is written,
+  without the interpreter's teardown (most of a second of garbage collection over the heap a run
+  leaves); bad input ends the usual way (the probe sees that teardown, so it would see the others)."""
   probe = tmp_path / "probe"
   probe.mkdir()
   (probe / "sitecustomize.py").write_text(TEARDOWN_PROBE)
@@ -76,6 +76,9 @@ def test_a_finished_device_run_or_sweep_skips_the_interpreters_teardown(tmp_path
   done = run("launch.train", *flags, "--run_dir", str(tmp_path / "run"))
   assert done.returncode == 0 and "interpreter teardown" not in done.stderr, done.stderr[-2000:]
   assert json.loads((tmp_path / "run" / "summary.json").read_text())["actor_steps"] == 1024
+  evaluated = run("launch.evaluate", str(tmp_path / "run"))
+  assert evaluated.returncode == 0 and "interpreter teardown" not in evaluated.stderr, evaluated.stderr[-2000:]
+  assert "best policy of" in evaluated.stdout and "return " in evaluated.stdout, evaluated.stdout
   swept = run("launch.sweep", *flags, "--seeds", "0-1", "--run_dir", str(tmp_path / "sweep"))
   assert swept.returncode == 0 and "interpreter teardown" not in swept.stderr, swept.stderr[-2000:]
   assert json.loads((tmp_path / "sweep" / "sweep.json").read_text())["runs"][1]["status"] == "ok"
