@@ -1,4 +1,5 @@
-"""Command-line flags generated from config dataclasses: one flag per field."""
+"""Command-line flags generated from config dataclasses (one flag per field), and how a command
+ends (`end_process`)."""
 
 import argparse
 import atexit
@@ -191,7 +192,7 @@ def with_preset(argv: Sequence[str], agent_name: str, agent) -> list:
 
 def end_process(code: int, everything_written: bool) -> NoReturn:
   """Ends a command with status `code`. Where everything it writes is written, closed and synced
-  (`everything_written`: a finished run or sweep), the interpreter's own teardown is skipped:
+  (`everything_written`: a finished run, sweep or evaluation), the interpreter's own teardown is skipped:
   atexit handlers run, the standard streams are flushed, and the process exits. That teardown
   is garbage collection over the heap a run leaves (the JAX, flax and TFP modules' objects: most
   of a second after a device run) and the C++ destructors of TensorFlow and Reverb. Elsewhere
