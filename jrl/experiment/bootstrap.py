@@ -1,13 +1,14 @@
 """rliable's stratified bootstrap, every resample at once.
 
 rliable (`library.get_interval_estimates`, through arch's `IIDBootstrap.conf_int`) draws one
-resample at a time and calls the metric on it in Python, 50,000 times for each of a sweep
-report's intervals: host work at the end of every sweep, whatever its number of runs (the
-performance page has its seconds). Here the resampling indices of all resamples are one draw
-and the metrics take the whole batch ([reps, runs, tasks, ...]) in numpy. The numbers are rliable's to the bit: the same indices in
-the same order (rliable draws them from numpy's global RNG with `np.random.choice`; one call for
-every resample yields what one call per resample yields), the same metric arithmetic per
-resample, and arch's percentile interval (`np.percentile` at 100 * alpha and 100 * (1 - alpha)).
+resample at a time and calls the metric on it in Python, 50,000 times for each of a sweep report's
+intervals: host work at the end of every sweep, whatever its number of runs (the performance page
+has its seconds). Here the resampling indices of all resamples are one draw and the metrics take
+the whole batch ([reps, runs, tasks, ...]) in numpy. The numbers are rliable's to the bit: the
+same indices in the same order (rliable draws them from numpy's global RNG with
+`np.random.choice`; one call for every resample yields what one call per resample yields), the
+same metric arithmetic per resample, and arch's percentile interval (`np.percentile` at 100 *
+alpha and 100 * (1 - alpha)).
 `tests/test_bootstrap.py` holds them equal to rliable's on fixed matrices.
 
   point, low, high = interval(scores, iqm, reps=50_000, seed=0)    # scores: [runs, tasks]
