@@ -7,10 +7,12 @@ AGENT ?= dqn
 
 .PHONY: setup setup-core train test test-all test-long test-core lint bench digests reference docs clean
 
-# ACCEL=cuda12 installs JAX's CUDA 12 wheels as well (requirements-lock-cuda12.txt; setup-core also takes
-# cuda13); unset, a venv keeps the accelerator it was set up with (cpu the first time).
+# .venv with one of the two stacks (scripts/setup_venv.sh): STACK=full (Python 3.10: Reverb, Launchpad) or
+# STACK=core (Python 3.11-3.13, current JAX); unset, the stack .venv has, else full where a Python 3.10 is
+# found, else core on the newest 3.11-3.13. ACCEL=cuda12 installs JAX's CUDA 12 wheels as well (the core
+# also takes cuda13); unset, a venv keeps the accelerator it was set up with (cpu the first time).
 setup:
-	@ACCEL=$(ACCEL) bash scripts/setup_venv.sh
+	@STACK=$(STACK) ACCEL=$(ACCEL) bash scripts/setup_venv.sh
 
 train: setup
 	$(PY) -m launch.train --agent $(AGENT) --env $(ENV) --seed $(SEED) --steps $(STEPS)
@@ -37,8 +39,9 @@ test-all: setup
 test-long: setup
 	bash scripts/run_tests.sh -m long $(PYTEST_ARGS)
 
-# The pure core on Python 3.12 (.venv-core/, requirements-core-py312.txt): no Reverb, Launchpad or
-# TensorFlow; tests marked distributed or device are deselected (tests/conftest.py).
+# The core stack on Python 3.12 beside a full-stack .venv (.venv-core/, requirements-core-py312.txt): no
+# Reverb, Launchpad or TensorFlow; tests that need them are deselected (tests/conftest.py). Where .venv has
+# the core stack itself, `make test` already runs them so.
 setup-core:
 	@ACCEL=$(ACCEL) bash scripts/setup_core_venv.sh
 
@@ -46,9 +49,10 @@ test-core: setup-core
 	JRL_TEST_PYTHON=.venv-core/bin/python bash scripts/run_tests.sh --core $(PYTEST_ARGS)
 
 # The import layers and no cycles (pyproject.toml [tool.importlinter]); import-linter 2.16 runs
-# on Python >= 3.11, so from the core venv.
-lint: setup-core
-	.venv-core/bin/lint-imports
+# on Python >= 3.11, so from a core venv: .venv where it has the core stack, else .venv-core.
+lint: setup
+	@if [ "$$(cat .venv/.jrl-stack)" = core ]; then .venv/bin/lint-imports; \
+	else $(MAKE) --no-print-directory setup-core && .venv-core/bin/lint-imports; fi
 
 bench: setup
 	$(PY) bench/embedded_throughput.py
