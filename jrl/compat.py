@@ -1,4 +1,8 @@
-"""Import-order workarounds for the pinned stack, and whether the distributed stack is there.
+"""Import-order workarounds for the pinned stack, and which of jrl's two stacks this install is.
+
+The full stack (Python 3.10: Reverb, Launchpad, TensorFlow 2.8, JAX 0.6.2) and the core stack (Python
+3.11-3.13, current JAX, no Reverb, Launchpad or TensorFlow): `stack()` says which, and
+`check_distributed_stack` refuses in one line what only the full stack runs.
 
 TFP 0.25 (imported by rlax and distrax) imports TensorFlow whenever it is installed,
 only to copy docstrings (tensorflow_probability/python/internal/backend/jax/_utils.py):
@@ -13,6 +17,7 @@ JAX substrate never touches TF.
 """
 
 import sys
+from typing import NamedTuple
 
 
 def import_jax_probability() -> None:
@@ -58,9 +63,19 @@ def import_reverb() -> None:
       del sys.modules["keras"]
 
 
-# The jrl[distributed] extra (Python 3.10 only: dm-launchpad 0.5.2 has no newer wheels). A core
-# install (e.g. Python 3.12) lacks it: runs then need --deterministic and no --distributed.
+# The full stack's own modules: the jrl[distributed] extra (Python 3.10 only: dm-launchpad 0.5.2 has no
+# newer wheels). A core install (Python 3.11-3.13) lacks them.
 DISTRIBUTED_STACK = ("reverb", "launchpad", "tensorflow")
+# How to get the full stack, for the one-line refusals.
+FULL_STACK_HINT = ("the full stack: Python 3.10 with Reverb and Launchpad ('make setup STACK=full'; "
+                   "without a Python 3.10, 'pyenv install 3.10.13' first)")
+
+
+class Stack(NamedTuple):
+  """Which of jrl's two stacks this process runs on, and its Python and JAX versions."""
+  name: str    # 'full' (Reverb and Launchpad importable) or 'core'
+  python: str  # e.g. '3.12.1'
+  jax: str     # e.g. '0.12.0.1'
 
 
 def missing_distributed_stack() -> tuple:
@@ -70,10 +85,22 @@ def missing_distributed_stack() -> tuple:
   return tuple(name for name in DISTRIBUTED_STACK if importlib.util.find_spec(name) is None)
 
 
+def stack() -> Stack:
+  """This install's stack, looked up without importing Reverb, Launchpad or JAX."""
+  import importlib.metadata
+  import platform
+  try:
+    jax_version = importlib.metadata.version("jax")
+  except importlib.metadata.PackageNotFoundError:
+    jax_version = "none"
+  return Stack("core" if missing_distributed_stack() else "full", platform.python_version(), jax_version)
+
+
 def check_distributed_stack(field: str, use: str) -> None:
   """ConfigError naming `field` when the distributed stack is missing (`use` says what needs it)."""
   missing = missing_distributed_stack()
   if missing:
     from jrl.errors import ConfigError
-    raise ConfigError(field, f"{use} needs the jrl[distributed] extra (Python 3.10); this install lacks "
-                             f"{', '.join(missing)}")
+    here = stack()
+    raise ConfigError(field, f"{use} needs {FULL_STACK_HINT}; this install is the core stack (Python {here.python}, "
+                             f"JAX {here.jax}; no {', '.join(missing)})")

@@ -641,7 +641,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"note: this machine is busy (load {load:.1f} on {costs.cores:g} cores): the figures are slower than "
           "on a quiet machine, and a run made later may see another load")
   if missing:
-    print(f"distributed topologies need the jrl[distributed] extra (Python 3.10); this install lacks "
+    print(f"distributed topologies need {compat.FULL_STACK_HINT}; this install lacks "
           f"{', '.join(missing)}: embedded runs only" + ("" if costs.prefetch else ", with --deterministic replay"))
   print(f"\n{costs.cores:g} cores; samples_per_insert {work.samples_per_insert:g}, batch {work.batch_size}"
         f"{f', sequences of {work.sequence_length}' if work.sequence_length else ''}; rpc assumed {args.rpc_ms} ms")

@@ -80,6 +80,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       exp = build_config(ExperimentConfig, args)
       agent_cfg = build_config(agent.Config, args)
     exp.check_given_flags(given_fields(ExperimentConfig, args))
+    if not known.resume:
+      exp = _seeded_replay_without_reverb(exp, given_fields(ExperimentConfig, args))
     _inject_faults(args, exp)
     exp = resolve_paths(exp)  # relative folders against the working directory, once
     if exp.scope == DEVICE_HOSTS and not exp.coordinator_address:
@@ -142,6 +144,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           file=sys.stderr)
     return exit_status(signum or signal.SIGINT)
   return 0
+
+
+def _seeded_replay_without_reverb(exp, given):
+  """On the core stack (no Reverb), an embedded run whose --deterministic is not given replays from the
+  seeded in-process buffer, as --deterministic does, and says so in a line; a run that asks for Reverb
+  (`--deterministic false`) is refused by the embedded runner in one line."""
+  import dataclasses
+  from jrl import compat
+  from jrl.experiment.config import EMBEDDED
+  if exp.mode != EMBEDDED or exp.deterministic or "deterministic" in given or "reverb" not in compat.missing_distributed_stack():
+    return exp
+  print("[run] Reverb is not installed (the core stack): replay is the seeded in-process buffer, as with "
+        "--deterministic", flush=True)
+  return dataclasses.replace(exp, deterministic=True)
 
 
 def _inject_faults(args, exp) -> None:

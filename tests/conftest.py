@@ -6,13 +6,14 @@ minutes); `make test-all` runs both (CI). Tests marked `long` as well (learning 
 minutes, e.g. to a threshold across a three-host Slurm cluster) run only with `make test-long`;
 each has a short sibling in the slow tier that checks the same wiring.
 
-Installs: tests that need the distributed stack (reverb, launchpad, TensorFlow: the
-jrl[distributed] extra, Python 3.10) are marked `needs_reverb`; tests of the device backend
-(gymnax) are marked `needs_gymnax`. `pytest --core` (`make test-core`, the Python 3.12 core
-venv) deselects both and runs the rest. A file whose every test needs the distributed stack
-says so in its `pytestmark = ...` line; `--core` does not even import it (its imports need that
-stack). A `--core` run in which no test passed fails: an empty or all-skipped run proves
-nothing. Without `--core` nothing is deselected, so a missing package fails loudly.
+Stacks: tests that need the full stack (reverb, launchpad, TensorFlow: the jrl[distributed]
+extra, Python 3.10) are marked `needs_reverb`. `pytest --core` (the core stack, Python 3.11-3.13:
+`make test` where .venv has it, `make test-core`) deselects them and runs the rest, the device
+backend's too (gymnax is in both stacks; its tests are marked `needs_gymnax`). A file whose every
+test needs the full stack says so in its `pytestmark = ...` line; `--core` does not even import it
+(its imports need that stack). A `--core` run in which no test passed fails: an empty or
+all-skipped run proves nothing. Without `--core` nothing is deselected, so a missing package fails
+loudly.
 """
 
 import os
@@ -33,7 +34,7 @@ for _name in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES"):
 import distrax  # noqa: F401
 import rlax  # noqa: F401
 
-CORE_EXCLUDED = ("needs_reverb", "needs_gymnax")
+CORE_EXCLUDED = ("needs_reverb",)
 
 
 def pytest_addoption(parser):

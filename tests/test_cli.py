@@ -105,14 +105,17 @@ def test_bad_distributed_input_gives_one_line_and_status_2(tmp_path):
 
 @pytest.mark.skipif(not missing_distributed_stack(), reason="the distributed stack is installed")
 def test_a_core_install_refuses_what_needs_the_distributed_stack_in_one_line(tmp_path):
-  """Where reverb/launchpad/TensorFlow are missing (the Python 3.12 core), --distributed and a Reverb
-  run are refused up front; --deterministic runs (tests/test_runs.py) need neither."""
-  lacks = ", ".join(missing_distributed_stack())
+  """Where reverb/launchpad/TensorFlow are missing (the core stack), --distributed and a run that asks
+  for Reverb are refused up front in one line naming the full stack and how to get it; a plain run
+  replays from the seeded buffer instead (tests/test_core_stack.py)."""
+  from jrl import compat
+  here = compat.stack()
+  core = (f"needs {compat.FULL_STACK_HINT}; this install is the core stack (Python {here.python}, JAX {here.jax}; "
+          f"no {', '.join(missing_distributed_stack())})")
   _check_one_line_errors({
-      "distributed": (["--distributed"], f"distributed: --distributed needs the jrl[distributed] extra "
-                                         f"(Python 3.10); this install lacks {lacks}"),
-      "reverb replay": ([], "deterministic: a run without --deterministic (Reverb replay) needs the "
-                            "jrl[distributed] extra"),
+      "distributed": (["--distributed"], f"distributed: --distributed {core}"),
+      "reverb replay": (["--deterministic", "false"],
+                        f"deterministic: a run without --deterministic (Reverb replay) {core}"),
   }, tmp_path)
 
 

@@ -1,6 +1,7 @@
 """summary.json: one schema for every kind of run (embedded, distributed, device).
 
-The top level is the same for all three: what ran, how far it got, how it scored, where the
+The top level is the same for all three: what ran and on which stack (`stack`: 'full' or 'core', with
+the Python and JAX versions), how far it got, how it scored, where the
 checkpoints are, the parameter digest and the run report's verdict with the rates it measured.
 What only one kind of run has (a distributed run's inference batches and lost hosts, a device
 run's compile seconds, an embedded run's first and last step times) is in `details`, and
@@ -11,11 +12,13 @@ run's compile seconds, an embedded run's first and last step times) is in `detai
 
 from typing import Any, Dict, Mapping, Optional, Sequence
 
+from jrl import compat
+
 KINDS = ("embedded", "distributed", "device")
 
 # Every summary.json has exactly these keys, in this order.
 KEYS = (
-    "agent", "env", "seed", "kind", "replay",
+    "agent", "env", "seed", "kind", "replay", "stack", "python_version", "jax_version",
     "actor_steps", "learner_steps", "episodes", "wall_seconds",
     "eval_return", "best_eval_return", "evaluations", "reward_threshold", "steps_to_threshold",
     "learner_devices", "learner_processes", "resumed", "checkpoints", "params_digest", "failed_writes",
@@ -36,8 +39,10 @@ def make_summary(*, exp: Any, kind: str, replay: str, actor_steps: int, learner_
   kind's own keys."""
   if kind not in KINDS:
     raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+  stack = compat.stack()
   summary = {
       "agent": exp.agent, "env": exp.env, "seed": exp.seed, "kind": kind, "replay": replay,
+      "stack": stack.name, "python_version": stack.python, "jax_version": stack.jax,
       "actor_steps": int(actor_steps), "learner_steps": int(learner_steps), "episodes": int(episodes),
       "wall_seconds": round(float(wall_seconds), 3),
       **{k: history[k] for k in ("eval_return", "best_eval_return", "evaluations", "reward_threshold",
