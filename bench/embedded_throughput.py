@@ -166,7 +166,8 @@ def bench_learner(args, cfg, updates_per_call: int):
   exp = ExperimentConfig(env=args.env, updates_per_call=updates_per_call, prefetch=args.prefetch)
   parts = build_agent_parts("dqn", args.env, cfg)
   prefetch_timer = PhaseTimer()
-  batches = builder.reverb_batches(address, parts, cfg, exp, cfg.batch_size, mesh, timer=prefetch_timer)
+  batches = builder.replay_batches(reverb_replay.ReverbReplayClient(client), parts, cfg, exp, cfg.batch_size, mesh,
+                                   timer=prefetch_timer)
   learner = Learner(fns, jax.random.PRNGKey(0), batches, mesh=mesh)
   learner.step()
   learner.step()

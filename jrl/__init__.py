@@ -71,7 +71,6 @@ MOVED_MODULES: Dict[str, str] = {
     "jrl.device.loop": "jrl.run.device.loop",
     "jrl.device.runner": "jrl.run.device.runner",
     "jrl.device.sweep": "jrl.run.device.sweep",
-    "launch.nodes": "jrl.run.distributed.nodes",
     "launch.faults": "jrl.run.distributed.faults",
     "launch.liveness": "jrl.run.distributed.liveness",
     "launch.multihost": "jrl.run.distributed.multihost",

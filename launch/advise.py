@@ -369,14 +369,15 @@ def _table(reverb, name: str, signature, max_items: int):
 
 def _reverb_replay(address: str, parts, cfg, mesh, stack: contextlib.ExitStack, process=None) -> _Replay:
   from jrl.experiment.config import ExperimentConfig
-  from jrl.experiment.builder import reverb_batches
+  from jrl.experiment.builder import replay_batches
   from jrl.replay import reverb_replay
 
-  writer = reverb_replay.ReverbItemWriter(reverb_replay.reverb.Client(address))
+  replay = reverb_replay.ReverbReplayClient(reverb_replay.reverb.Client(address))
+  writer = reverb_replay.ReverbItemWriter(replay.client)
   stack.callback(writer.close)  # before the server stops: it waits (seconds) for open streams
   exp = ExperimentConfig()
-  return _Replay(writer, writer.flush, lambda u: reverb_batches(
-      address, parts, cfg, dataclasses.replace(exp, updates_per_call=u), cfg.batch_size, mesh), process)
+  return _Replay(writer, writer.flush, lambda u: replay_batches(
+      replay, parts, cfg, dataclasses.replace(exp, updates_per_call=u), cfg.batch_size, mesh), process)
 
 
 def _seeded_replay(spec, cfg) -> _Replay:

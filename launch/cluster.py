@@ -30,6 +30,7 @@ from jrl.errors import ConfigError
 from jrl.experiment.files import SUMMARY_FILE
 from jrl.run.distributed import liveness, multihost
 from jrl.run.distributed.placement import Host, Placement, default_placement, parse_hosts, parse_placement
+from launch.progress import ProgressEcho
 
 POLL_SECONDS = 0.5
 EXIT_STATUS_FILE = multihost.EXIT_STATUS_FILE
@@ -38,34 +39,6 @@ EXIT_STATUS_FILE = multihost.EXIT_STATUS_FILE
 STOP_GRACE_SECONDS = 30.0
 # What --launcher slurm runs: node addresses, the job's submission, its state, its cancellation.
 SLURM_COMMANDS = ("scontrol", "sbatch", "squeue", "scancel")
-
-
-class ProgressEcho(threading.Thread):
-  """Echoes a node's progress lines (the evaluator's; a device run's first process) from its log
-  file to this terminal."""
-
-  def __init__(self, path: str):
-    """Make it before the nodes start: a resumed run's node appends to its earlier session's log,
-    and only what this session adds is echoed."""
-    super().__init__(daemon=True)
-    self._path, self._halt = path, threading.Event()
-    self._start = os.path.getsize(path) if os.path.exists(path) else 0
-
-  def run(self):
-    position = self._start
-    while not self._halt.wait(0.5):
-      if not os.path.exists(self._path):
-        continue
-      with open(self._path, errors="replace") as f:
-        f.seek(position)
-        text = f.read()
-        position = f.tell()
-      for line in text.splitlines():
-        if line.startswith("[") and "] steps " in line:
-          print(line, flush=True)
-
-  def stop(self):
-    self._halt.set()
 
 
 def host_agent_command(run_dir: str, host: str) -> List[str]:

@@ -32,22 +32,16 @@ from jrl.experiment.checkpoint import RunWritesFailed
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import REPORT_FILE, SUMMARY_FILE, resolve_paths
 from jrl.run.core import add_to_summary
-from jrl.run.distributed import liveness, multihost, nodes
-from jrl.run.distributed.program import ProgramNodes, build_program, prepare_session, restart_counts, run_report
+from jrl.run.distributed import liveness, multihost
+from jrl.run.distributed.node_io import Session
+from jrl.run.distributed.program import ProgramNodes, build_program
+from jrl.run.distributed.program_report import run_report
+from jrl.run.distributed.sessions import ProgramStopped, prepare_session, restart_counts
 from launch import cluster, loopback, supervisor
 
 # Nodes that hold no state others depend on: restarted when they fail (the driver node keeps its
 # books in the counter).
 RESTARTABLE_GROUPS = ("actor", "evaluator", "inference")
-
-
-class ProgramStopped(KeyboardInterrupt):
-  """The program was stopped from outside (Ctrl-C, SIGTERM, lp.stop) before its driver node ended
-  the run. `signum`: the signal the launcher got (None: not known, launchers other than local_mp)."""
-
-  def __init__(self, run_dir: str, signum: Optional[int] = None):
-    super().__init__(run_dir)
-    self.run_dir, self.signum = run_dir, signum
 
 
 STOP_CHECKPOINT_SECONDS = 60.0  # the most a stop from outside waits for the learner's checkpoint
@@ -84,7 +78,7 @@ class BuiltProgram:
   nodes: ProgramNodes
   exp: ExperimentConfig
   agent_cfg: Any
-  session: nodes.Session
+  session: Session
   placement: Optional[Any]                # jrl.run.distributed.placement.Placement; None for a launch on this host
   node_env: Dict[str, str]                # added to each node's environment (local_mp)
   # role -> its processes' devices and environments (jrl.accelerators.place_roles; local_mp on this host)

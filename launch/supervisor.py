@@ -44,10 +44,10 @@ from launchpad.launch.run_locally import run_locally
 
 from jrl.run.distributed.liveness import die_with_parent
 from jrl.run.distributed.node_env import INCARNATION_ENV, RUN_DIR_ENV
+from jrl.run.distributed.sessions import RESTARTS_FILE
+from launch.failures import BLAME_ORDER, NodeFailure, describe_exit, last_traceback  # noqa: F401 (used by launchers)
 
 TERMINAL = "jrl_supervised"
-# When several nodes fail at once, the one that explains the others: services before their clients.
-BLAME_ORDER = ("learner", "replay", "inference", "counter", "evaluator", "actor")
 POLL_SECONDS = 0.1
 
 
@@ -59,45 +59,6 @@ class RestartPolicy:
 
   def delay(self, restart: int) -> float:
     return self.backoff_seconds * 2 ** (restart - 1)
-
-
-def describe_exit(returncode: int) -> str:
-  if returncode < 0:
-    try:
-      return f"killed by {signal.Signals(-returncode).name}"
-    except ValueError:
-      return f"killed by signal {-returncode}"
-  return f"exit code {returncode}"
-
-
-def last_traceback(path: str, offset: int = 0, max_lines: int = 25) -> Optional[str]:
-  """The last Python traceback written to `path` after byte `offset` (not counting
-  the 'Exception ignored in' noise of interpreter shutdown)."""
-  try:
-    with open(path, "rb") as f:
-      f.seek(offset)
-      lines = f.read().decode(errors="replace").splitlines()
-  except OSError:
-    return None
-  starts = [i for i, line in enumerate(lines) if line.startswith("Traceback")
-            and not (i > 0 and lines[i - 1].startswith("Exception ignored in"))]
-  if not starts:
-    return None
-  block = lines[starts[-1]:]
-  end = next((i for i, line in enumerate(block) if not line.strip() or line.startswith("Exception ignored in")),
-             len(block))
-  return "\n".join(block[:end][-max_lines:])
-
-
-class NodeFailure(RuntimeError):
-  """A node failed and the program was stopped; the message is the report."""
-
-  def __init__(self, node: str, cause: str, log_path: str, traceback: Optional[str],
-               restarts: Optional[int] = None):
-    self.node, self.cause, self.log_path, self.restarts = node, cause, log_path, restarts
-    after = f" after {restarts} restart{'s' if restarts != 1 else ''} (max_restarts)" if restarts is not None else ""
-    detail = f":\n{traceback}" if traceback else f"; no traceback in its log {log_path}"
-    super().__init__(f"node {node} failed ({cause}){after}{detail}")
 
 
 @dataclasses.dataclass
@@ -133,7 +94,7 @@ class Supervisor(worker_manager.WorkerManager):
     self._policy, self._run_dir = policy, run_dir
     self._log_dir = os.path.join(run_dir, "logs")
     self._pid_dir = os.path.join(self._log_dir, "pids")
-    self._restart_log = os.path.join(run_dir, "metrics", "restarts.csv")
+    self._restart_log = os.path.join(run_dir, RESTARTS_FILE)
     self._nodes: Dict[int, _Node] = {}  # by pid of the running process
     self._pending: Dict[str, Tuple[float, _Node]] = {}  # restarts waiting out their backoff
     self.restarts: Dict[str, int] = {}

@@ -1,4 +1,4 @@
-"""How a distributed program's actors count env steps against the budget (jrl.run.distributed.nodes
+"""How a distributed program's actors count env steps against the budget (jrl.run.distributed.counter
 `report_share`): actors learn the total only when they report, so the rule for when they report
 decides how far past `--steps` a run goes. Simulated actors of fixed seeds and speeds, stepping
 `num_envs` env steps at a time, report by the nodes' rule; the counter's total is checked against
@@ -10,9 +10,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import pytest
 
-from jrl.run.distributed.nodes import report_share
-
-pytestmark = pytest.mark.needs_reverb  # jrl.run.distributed.nodes imports launchpad
+from jrl.run.distributed.counter import report_share
 
 
 def _counted(budget: int, speeds: Sequence[float], vector_steps: int,

@@ -43,7 +43,7 @@ def test_program_runs_end_to_end_and_exits_cleanly(tmp_path):
   assert leftover == [], leftover
   summary = json.load(open(run_dir / "summary.json"))
   assert summary["kind"] == "distributed" and summary["details"]["inference"] == "server"
-  # Two actors report their steps sooner as the budget nears (jrl.run.distributed.nodes.report_share): they pass
+  # Two actors report their steps sooner as the budget nears (jrl.run.distributed.counter.report_share): they pass
   # it by less than half of it (a 4,000-step PQN run counted 8,928 when they reported once a second).
   assert 3000 <= summary["actor_steps"] <= 1.5 * 3000 + 2 * 4, summary["actor_steps"]
   details = summary["details"]

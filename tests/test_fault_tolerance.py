@@ -305,7 +305,8 @@ def test_service_call_waits_out_a_lost_courier_server_and_gives_up_after_its_dea
   import courier
   import portpicker
   from jrl.outage import ServiceLost
-  from jrl.run.distributed.nodes import ServiceCall
+  from jrl.run.distributed.launchpad_engine import CourierHandle
+  from jrl.run.distributed.rpc import ServiceCall
 
   port, lines, stop = portpicker.pick_unused_port(), [], threading.Event()
 
@@ -316,7 +317,8 @@ def test_service_call_waits_out_a_lost_courier_server_and_gives_up_after_its_dea
     return server
 
   server = serve()
-  call = ServiceCall(courier.Client(f"localhost:{port}"), "echo", "echo server", 30.0, stop, lines.append)
+  call = ServiceCall(CourierHandle(courier.Client(f"localhost:{port}")), "echo", "echo server", 30.0, stop,
+                     lines.append)
   assert call(b"a") == b"a"
   server.Stop()
   restarted = []
@@ -326,7 +328,8 @@ def test_service_call_waits_out_a_lost_courier_server_and_gives_up_after_its_dea
   assert lines[1].startswith("echo server back after"), lines
 
   lines.clear()
-  call = ServiceCall(courier.Client(f"localhost:{port}"), "echo", "echo server", 3.0, stop, lines.append)
+  call = ServiceCall(CourierHandle(courier.Client(f"localhost:{port}")), "echo", "echo server", 3.0, stop,
+                     lines.append)
   assert call(b"c") == b"c"
   restarted[0].Stop()
   start = time.monotonic()
@@ -395,7 +398,7 @@ def test_resume_cuts_evaluator_rows_to_the_checkpoints_history_not_its_env_steps
   # history up to 1620) while the evaluation ran, then the evaluator wrote its row at 2008. The
   # resumed evaluator runs that evaluation again, so the old row must go, though 2008 <= 2008.
   from jrl.experiment.plots import read_csv
-  from jrl.run.distributed.program import cut_metrics_to_checkpoint
+  from jrl.run.distributed.sessions import cut_metrics_to_checkpoint
   _column = lambda path, name: read_csv(path).get(name, [])
   metrics = tmp_path / "metrics"
   _write_csv(str(metrics / "evaluator.csv"), ["actor_steps", "eval_return"],

@@ -133,7 +133,7 @@ def test_reverb_round_trip_blocks_keys_and_priorities(reverb_server):
 
   # Priority 0 for all but the item starting at 200: only it is sampled afterwards.
   chosen = next(k for k, r in first_by_key.items() if r == 200)
-  reverb_replay.ReverbPriorityUpdater(client)({k: (5.0 if k == chosen else 0.0) for k in first_by_key})
+  reverb_replay.ReverbReplayClient(client).update_priorities({k: (5.0 if k == chosen else 0.0) for k in first_by_key})
   later = reverb_replay.ReverbItemSampler(address, 20, _block(0)).sample()
   assert set(later.keys.tolist()) == {chosen}
   np.testing.assert_allclose(later.probabilities, 1.0)

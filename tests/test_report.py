@@ -261,7 +261,7 @@ def test_verdict_says_when_the_nodes_saturate_the_machine():
 def test_distributed_report_inputs_merge_incarnations_and_rates():
   """What run_distributed makes of the nodes' books: a restarted actor's two incarnations are one
   node; env-steps/s per actor over its own wall time; histograms summed over nodes."""
-  from jrl.run.distributed.program import report_inputs
+  from jrl.run.distributed.program_report import report_inputs
   from jrl.replay.spec import ReplaySpec
 
   def book(node, **counts):

@@ -50,14 +50,15 @@ def test_a_device_run_names_its_loops_devices(tmp_path):
 
 @pytest.mark.needs_reverb  # jrl.run.distributed imports launchpad
 def test_a_distributed_runs_report_shows_the_devices_its_summary_names(tmp_path):
-  from jrl.run.distributed import nodes, program
+  from jrl.run.distributed import program_report as program
+  from jrl.run.distributed.node_io import Session
   run_dir = str(tmp_path)
   exp = ExperimentConfig(agent="dqn", env="CartPole-v1", distributed=True, num_actors=2, inference="server",
                          run_dir=run_dir)
   # A host with two GPUs: the learner on the first, the inference server on the second.
   devices = describe(place_roles(Accelerators("cuda", 2), inference_servers=1, actors=2))
   summary = {"details": {}, "wall_seconds": 1.0, "actor_steps": 0}
-  _, _, details = program.run_report(run_dir, nodes.Session(run_dir), exp, dqn.Config(), summary, None,
+  _, _, details = program.run_report(run_dir, Session(run_dir), exp, dqn.Config(), summary, None,
                                          devices=devices)
   assert details["devices"] == devices
   text = open(os.path.join(run_dir, "report.md")).read()
@@ -65,6 +66,6 @@ def test_a_distributed_runs_report_shows_the_devices_its_summary_names(tmp_path)
           "evaluator: cpu\n") in text
   # A CPU host's run: every role on the CPU.
   devices = describe(place_roles(Accelerators(), actors=2))
-  program.run_report(run_dir, nodes.Session(run_dir), exp, dqn.Config(), summary, None, devices=devices)
+  program.run_report(run_dir, Session(run_dir), exp, dqn.Config(), summary, None, devices=devices)
   assert "counter: cpu; replay: cpu; learner: cpu; actor: cpu x2; evaluator: cpu\n" in \
       open(os.path.join(run_dir, "report.md")).read()

@@ -127,16 +127,14 @@ def make_actor(exp, parts: AgentParts, agent_cfg, policy: Any, seed: int, sink, 
   return actor
 
 
-def reverb_batches(address: str, parts: AgentParts, agent_cfg, exp, batch_size: int, mesh: jax.sharding.Mesh,
+def replay_batches(replay, parts: AgentParts, agent_cfg, exp, batch_size: int, mesh: jax.sharding.Mesh,
                    stop=None, timer=None):
-  """The learner's batches of this experiment from the Reverb table at `address`
-  (`jrl.replay.reverb_replay.prefetched_batches`), placed sharded on `mesh`: an embedded run's
-  and a distributed learner's."""
+  """The learner's batches of this experiment from a served replay (`replay`, a
+  `jrl.replay.service.ReplayClient`: a Reverb server's or jrl's own), prepared `exp.prefetch` calls
+  ahead and placed sharded on `mesh`: an embedded Reverb run's and a distributed learner's."""
   from jrl.learners import sharding
-  from jrl.replay import reverb_replay  # loads reverb and TensorFlow
 
   spec = parts.replay_spec
-  return reverb_replay.prefetched_batches(
-      address, spec, example_item(parts, agent_cfg), spec.kind.updates_per_call(exp.updates_per_call), batch_size,
-      seeding.env_seed(exp.seed, "replay", exp.process_id) + 1, lambda batch: sharding.put_batch(batch, mesh),
-      exp.prefetch, stop=stop, timer=timer)
+  return replay.batches(spec, example_item(parts, agent_cfg), spec.kind.updates_per_call(exp.updates_per_call),
+                        batch_size, seeding.env_seed(exp.seed, "replay", exp.process_id) + 1,
+                        lambda batch: sharding.put_batch(batch, mesh), exp.prefetch, stop=stop, timer=timer)

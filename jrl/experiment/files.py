@@ -14,14 +14,13 @@ import tempfile
 from typing import Any, Callable, Dict
 
 from jrl.errors import ConfigError
+from jrl.replay.checkpoint_names import REVERB_REPLAY_DIR  # noqa: F401 (a checkpoint's replay/reverb/)
 
 CONFIG_FILE = "config.json"
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"  # the run report (jrl.experiment.report), every kind of run
 CHECKPOINTS_DIR = "checkpoints"
 POLICIES_DIR = "policies"
-# In a checkpoint of a run with Reverb replay (embedded or distributed): the table's own checkpoint.
-REVERB_REPLAY_DIR = "reverb"
 
 
 def path_safe(name: str) -> str:

@@ -25,7 +25,7 @@ it says when the nodes keep them all busy.
 A distributed run feeds it the same way: each node times its threads with `PhaseTimer`s
 (the shells take one: `Actor(timer=)`, `LocalPolicy(timer=)`, `InferenceClient(timer=)`,
 `Learner(timer=)`, `PrefetchIterator(timer=)`, `BatchedInference.timer`) and writes
-`timer.node(name, role).as_dict()` to the run directory (jrl/run/distributed/nodes.py `TimesFile`);
+`timer.node(name, role).as_dict()` to the run directory (jrl/run/distributed/node_io.py `TimesFile`);
 the launcher rebuilds them with `NodeTimes.from_dict` and calls `write_report(run_dir,
 nodes, rates, title, extras, cores=)` with one `NodeTimes` per node (several actors share
 a role: the verdict sums them into one stage), then merges the returned fields into

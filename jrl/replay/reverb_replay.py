@@ -1,9 +1,12 @@
-"""Reverb tables, an item writer and an item sampler with the buffer's interface.
+"""Reverb tables, an item writer and an item sampler with the buffer's interface, and a program's
+replay client over a Reverb server (`ReverbReplayClient`, a `jrl.replay.service.ReplayClient`).
 
 The only module of the core that imports reverb (and so TensorFlow).
 """
 
 import collections
+import os
+import shutil
 import threading
 import time
 from typing import Callable, Dict, List, Optional
@@ -22,8 +25,10 @@ from jrl.outage import Outage, ServiceLost
 from jrl.replay import frames as frame_sharing
 from jrl.replay.batches import PrefetchIterator, PreparedBatch, items_per_fetch, make_assembler
 from jrl.replay.buffer import SampledItems
+from jrl.replay.checkpoint_names import REVERB_REPLAY_DIR
+from jrl.replay.service import ReplayInfo, samples_in_flight, table_error_buffer
 from jrl.replay.spec import ReplaySpec
-from jrl.timing import ASSEMBLE, NULL_TIMER, PLACE, SAMPLE
+from jrl.timing import ASSEMBLE, NULL_TIMER, PLACE, RATE_LIMIT_WAIT, SAMPLE
 
 TABLE = "replay"
 # Seconds an insert may wait on the server before we call the server dead or stuck.
@@ -56,30 +61,6 @@ def replay_tables(spec: ReplaySpec, example_item, updates_per_call: int, batch_s
   items = items_per_fetch(spec, spec.kind.updates_per_call(updates_per_call), batch_size)
   signature = item_signature(example_item, spec.frame_stack)
   return [make_table(spec, signature, table_error_buffer(items, prefetch, samplers))]
-
-
-def table_error_buffer(items_per_call: int, prefetch: int, samplers: int = 1) -> int:
-  """The rate limiter's error buffer, in items, of a table that `samplers` learner processes
-  sample through `prefetched_batches`, each `items_per_call` items per learner call with
-  `prefetch` calls prepared ahead. One rule for embedded runs and distributed programs:
-
-      samplers x (samples_ahead(items_per_call, prefetch) + 2 x items_per_call)
-
-  (`rate_limited_table` raises it to 2 x max(1, samples_per_insert), the least Reverb takes).
-
-  The limiter counts an item as sampled when a sampler takes it, not when the learner trains on
-  it, and each sampler holds up to `samples_ahead` items its learner has not trained on yet. The
-  buffer has room for all of them and two learner calls more, so the limiter never holds back a
-  sampler from a call its learner is owed, even when a resumed run's (or a restarted learner
-  node's) new samplers start while the restored limiter still counts what the old ones held; the
-  two calls are the schedule's (`calls_due`): its first call comes as replay reaches its minimum
-  size, a call ahead of the ratio, and calls are whole. An embedded run needs all of it: one
-  thread inserts and waits for the learner's batches, so a sampler held by the limiter would hold
-  the run. A distributed program's actors insert on their own, so there the rule sets the pace
-  instead: with less room a restarted learner waits until the actors have inserted again what its
-  predecessor had taken, with more the actors and the learner drift further from
-  samples_per_insert before either waits on the other."""
-  return samplers * (samples_ahead(items_per_call, prefetch) + 2 * items_per_call)
 
 
 def make_table(spec: ReplaySpec, signature, error_buffer_items: float, name: str = TABLE) -> reverb.Table:
@@ -145,13 +126,16 @@ class ReverbItemWriter:
   once per interval, ServiceLost after `deadline_s`), an answer means the
   table's rate limiter holds the insert (ServiceLost too once that has lasted
   `deadline_s`: nobody samples). Creating one waits for the server, however
-  long, to fetch the table's signature.
+  long, to fetch the table's signature. `timer` gets the waits for insert confirmations (where the
+  rate limiter holds inserts) as `rate_limit_wait`.
   """
 
   def __init__(self, client: reverb.Client, table: str = TABLE, max_in_flight_items: int = 8,
                stop: Optional[threading.Event] = None, deadline_s: float = INSERT_TIMEOUT_MS / 1000,
-               log: Callable[[str], None] = print, frame_stack: int = 0, frames_in_flight: int = 0):
+               log: Callable[[str], None] = print, frame_stack: int = 0, frames_in_flight: int = 0,
+               timer=NULL_TIMER):
     self._client = client
+    self._timer = timer
     self._frame_stack = frame_stack
     if frame_stack:
       # Frames are steps of column 0, each its own chunk; items reference any of the last
@@ -219,6 +203,13 @@ class ReverbItemWriter:
     return True
 
   def _flush(self, max_in_flight: int) -> None:
+    self._timer.enter(RATE_LIMIT_WAIT)
+    try:
+      self._wait_for_confirmations(max_in_flight)
+    finally:
+      self._timer.exit()
+
+  def _wait_for_confirmations(self, max_in_flight: int) -> None:
     """Waits (in short slices, so that a stop request is seen) until at most
     `max_in_flight` items are unconfirmed."""
     stalled_since, next_probe = time.monotonic(), 0.0
@@ -260,18 +251,6 @@ class ReverbItemWriter:
     self._writer.close()
 
 
-def samples_in_flight(num_items: int) -> int:
-  """Sample requests the sampler's dataset keeps in flight, for calls of `num_items` items."""
-  return max(2 * num_items, 16)
-
-
-def samples_ahead(num_items: int, depth: int) -> int:
-  """Items `prefetched_batches` can have sampled beyond the calls the learner has made: `depth`
-  prepared calls, the one being prepared, the dataset's batch and its requests in flight (what
-  `table_error_buffer` leaves room for)."""
-  return (depth + 2) * num_items + samples_in_flight(num_items)
-
-
 class ReverbItemSampler:
   """Samples a fixed number of items per call through a TrajectoryDataset.
 
@@ -307,16 +286,6 @@ class ReverbItemSampler:
                         int(sample.info.table_size.max()), data)
 
 
-class ReverbPriorityUpdater:
-  def __init__(self, client: reverb.Client, table: str = TABLE):
-    self._client = client
-    self._table = table
-
-  def __call__(self, priorities: Dict[int, float]) -> None:
-    if priorities:
-      self._client.mutate_priorities(self._table, updates=priorities)
-
-
 def prefetched_batches(address: str, spec: ReplaySpec, example_item, updates_per_call: int, batch_size: int,
                        seed: int, place: Callable, depth: int, stop: Optional[threading.Event] = None,
                        timer=None) -> PrefetchIterator:
@@ -340,3 +309,38 @@ def prefetched_batches(address: str, spec: ReplaySpec, example_item, updates_per
     return prepared
 
   return PrefetchIterator(produce, depth=depth, stop=stop, timer=timer)
+
+
+class ReverbReplayClient:
+  """A program's replay served by a Reverb server (`jrl.replay.service.ReplayClient`): its actors'
+  writers, its learners' batches, priority updates, checkpoints and counts, over `client`."""
+
+  kind = "reverb"  # the summary's `replay`
+
+  def __init__(self, client: reverb.Client):
+    self.client = client
+    self.address = client.server_address
+
+  def writer(self, spec: ReplaySpec, num_envs: int, stop: threading.Event, deadline_s: float,
+             log: Callable[[str], None], timer=NULL_TIMER) -> ReverbItemWriter:
+    return ReverbItemWriter(self.client, stop=stop, deadline_s=deadline_s, log=log, timer=timer,
+                            **frame_options(spec, num_envs))
+
+  def batches(self, spec: ReplaySpec, example_item, updates_per_call: int, batch_size: int, seed: int,
+              place: Callable, depth: int, stop: Optional[threading.Event] = None, timer=None) -> PrefetchIterator:
+    return prefetched_batches(self.address, spec, example_item, updates_per_call, batch_size, seed, place, depth,
+                              stop=stop, timer=timer)
+
+  def update_priorities(self, priorities: Dict[int, float]) -> None:
+    if priorities:
+      self.client.mutate_priorities(TABLE, updates=priorities)
+
+  def checkpoint(self, folder: str) -> None:
+    """The server writes a checkpoint where it was told to; it is moved into `folder`/reverb."""
+    shutil.move(self.client.checkpoint(), os.path.join(folder, REVERB_REPLAY_DIR))
+
+  def info(self) -> ReplayInfo:
+    table = self.client.server_info()[TABLE]
+    limiter = table.rate_limiter_info
+    return ReplayInfo(int(table.current_size), int(limiter.insert_stats.completed),
+                      int(limiter.sample_stats.completed))

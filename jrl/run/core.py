@@ -1,7 +1,7 @@
 """The run core: what every run does whatever drives it.
 
 A driver (the embedded loop, `jrl.run.embedded`; the device host loop,
-`jrl.run.device.runner`; the distributed program's driver node, `jrl.run.distributed.nodes.DriverNode`) knows
+`jrl.run.device.runner`; the distributed program's driver node, `jrl.run.distributed.driver_node.DriverNode`) knows
 where acting and learning happen. The core knows the rest:
 the run directory and resume, the evaluation history and its threshold rule, evaluator
 seeding, metric rows (CSV and TensorBoard) and the progress line, policy snapshots, the

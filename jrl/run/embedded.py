@@ -24,7 +24,7 @@ from jrl import compat, jit_cache, seeding
 from jrl.actors.evaluator import Evaluator
 from jrl.actors.variables import VariableClient
 from jrl.experiment import plots, report
-from jrl.experiment.builder import build_acting_parts, example_item, make_actor, reverb_batches, success_threshold
+from jrl.experiment.builder import build_acting_parts, example_item, make_actor, replay_batches, success_threshold
 from jrl.experiment.checkpoint import CheckpointInfo, Checkpointer
 from jrl.experiment.checkpoint_formats import write as write_data
 from jrl.experiment.config import ExperimentConfig
@@ -107,14 +107,14 @@ def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: 
   tables = reverb_replay.replay_tables(spec, example_item(parts, agent_cfg), exp.updates_per_call, batch_size,
                                        exp.prefetch)
   server = reverb_replay.start_server(tables, checkpoint_dir=scratch, restore_from=fallback)
-  address = f"localhost:{server.port}"
-  client = reverb_replay.reverb.Client(address)
+  replay = reverb_replay.ReverbReplayClient(reverb_replay.reverb.Client(f"localhost:{server.port}"))
+  client = replay.client
   writer = reverb_replay.ReverbItemWriter(client, **reverb_replay.frame_options(spec, exp.num_envs))
-  batches = reverb_batches(address, parts, agent_cfg, exp, batch_size, mesh, timer=timer)
+  batches = replay_batches(replay, parts, agent_cfg, exp, batch_size, mesh, timer=timer)
 
   def save(folder: str) -> None:
     writer.flush()
-    shutil.move(client.checkpoint(), os.path.join(folder, REVERB_REPLAY_DIR))
+    replay.checkpoint(folder)
 
   def close():
     batches.close()
@@ -122,8 +122,7 @@ def make_replay(parts, agent_cfg, exp: ExperimentConfig, batch_size: int, mesh: 
     server.stop()
     shutil.rmtree(scratch, ignore_errors=True)
 
-  return Replay(writer, batches, reverb_replay.ReverbPriorityUpdater(client), close, "reverb", save,
-                lambda: int(client.server_info()[reverb_replay.TABLE].current_size))
+  return Replay(writer, batches, replay.update_priorities, close, "reverb", save, lambda: replay.info().size)
 
 
 class Counts(NamedTuple):

@@ -23,8 +23,6 @@ import sys
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import portpicker
-from launchpad import address as lp_address
-from launchpad import context as lp_context
 
 from jrl import accelerators
 from jrl.experiment.files import write_json
@@ -73,12 +71,16 @@ class RequestStop:
       pass
 
 
-class FixedAddress(lp_address.AbstractAddressBuilder):
-  def __init__(self, address: str):
-    self._address = address
+def fixed_address(address: str):
+  """A Launchpad address builder that gives `address` (imported here: the rest of this module is
+  also the launch state's, which engines without Launchpad read)."""
+  from launchpad import address as lp_address
 
-  def build(self) -> str:
-    return self._address
+  class FixedAddress(lp_address.AbstractAddressBuilder):
+    def build(self) -> str:
+      return address
+
+  return FixedAddress()
 
 
 # Server ports are picked on the launching host for servers on other hosts. There, every socket the
@@ -152,6 +154,7 @@ def build_plan(program, placement: Placement, run_dir: str, restart: Dict[str, A
                gpus: Optional[Dict[str, int]] = None, learner_devices: int = 0) -> Dict[str, Any]:
   """Binds addresses, writes the node commands and returns the plan (also written to plan.json).
   `gpus` (host -> GPUs given to it) adds each node's devices to its environment (`node_devices`)."""
+  from launchpad import context as lp_context
   folder = launch_dir(run_dir)
   os.makedirs(folder, exist_ok=True)
   clear_launch_state(run_dir)
@@ -168,7 +171,7 @@ def build_plan(program, placement: Placement, run_dir: str, restart: Dict[str, A
     for index, node in enumerate(nodes):
       host = placement.host_of(label, index)
       for address in node.addresses:
-        address.bind(FixedAddress(f"{host.address}:{pick_port()}"))
+        address.bind(fixed_address(f"{host.address}:{pick_port()}"))
 
   hosts: Dict[str, Dict[str, Any]] = {h.name: {"address": h.address, "nodes": []} for h in placement.hosts}
   devices = node_devices(placement, {label: len(nodes) for label, nodes in program.groups.items()}, gpus or {},
