@@ -257,3 +257,26 @@ def host_accelerators(env: Optional[Mapping[str, str]] = None, timeout: float = 
   if found["platform"] not in _VISIBLE or not found["count"]:
     return Accelerators()  # a TPU host, say: not placed, every process unchanged
   return Accelerators(found["platform"], int(found["count"]))
+
+
+def ray_gpus(cluster_gpus: float, learner_devices: int = 0, learners: int = 1, inference_servers: int = 0
+             ) -> Dict[str, Tuple[float, ...]]:
+  """The GPUs each accelerator process of a Ray program asks Ray for (`--engine ray`), as `place_roles`
+  places them on one host: each learner process `--learner_devices` / learners of them (all but one
+  for each inference server, at least one; 0 = as many as that), each inference server one where that
+  many are left, else none; every other role none (it starts with CPU_ONLY_ENV). A cluster without
+  GPUs: none anywhere. Ray gives each process the GPUs it asked for as its CUDA_VISIBLE_DEVICES."""
+  if learners < 1:
+    raise ConfigError("num_processes", f"must be >= 1, got {learners}")
+  gpus = int(cluster_gpus)
+  if gpus <= 0:
+    return {"learner": (0.0,) * learners, "inference": (0.0,) * inference_servers}
+  if learner_devices > gpus:
+    raise ConfigError("learner_devices", f"asks for {learner_devices} GPUs; the Ray cluster has {gpus}")
+  total = learner_devices or max(learners, gpus - inference_servers)
+  per_learner = max(1, total // learners)
+  left = gpus - per_learner * learners
+  if left < 0:
+    raise ConfigError("num_processes", f"{learners} learner processes need a GPU each; the Ray cluster has {gpus}")
+  server = 1.0 if left >= inference_servers else 0.0
+  return {"learner": (float(per_learner),) * learners, "inference": (server,) * inference_servers}

@@ -13,6 +13,7 @@ Ctrl-C or SIGTERM stops a run at its next safe point with a checkpoint of it, an
 """
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
@@ -108,10 +109,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from jrl.envs import check_env_id
     check_env_id(exp.env)
     if exp.mode == DISTRIBUTED:
-      compat.check_distributed_stack("distributed", "--distributed")
-      from launch.distributed import run_distributed
+      from launch.ray_program import check_ray_installed, default_engine
+      if not exp.engine:  # what the stack has; config.json then says which
+        exp = dataclasses.replace(exp, engine=default_engine())
+      if exp.engine == "launchpad":
+        compat.check_distributed_stack("engine" if "engine" in given_fields(ExperimentConfig, args) else "distributed",
+                                       "--distributed on Launchpad")
+        from launch.distributed import run_distributed as run_program
+      else:
+        check_ray_installed()
+        if exp.launcher != "local":
+          raise ConfigError("launcher", f"--launcher {exp.launcher} launches a Launchpad program, which needs "
+                                        f"{compat.FULL_STACK_HINT}; on Ray, start it on the hosts (`ray start`) and "
+                                        "join it with --ray_address")
+        from launch.ray_program import run_on_ray as run_program
       try:
-        summary = run_distributed(exp, agent_cfg)
+        summary = run_program(exp, agent_cfg)
       except RuntimeError as e:  # a node failed; the report names it and its error
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
@@ -150,7 +163,6 @@ def _seeded_replay_without_reverb(exp, given):
   """On the core stack (no Reverb), an embedded run whose --deterministic is not given replays from the
   seeded in-process buffer, as --deterministic does, and says so in a line; a run that asks for Reverb
   (`--deterministic false`) is refused by the embedded runner in one line."""
-  import dataclasses
   from jrl import compat
   from jrl.experiment.config import EMBEDDED
   if exp.mode != EMBEDDED or exp.deterministic or "deterministic" in given or "reverb" not in compat.missing_distributed_stack():

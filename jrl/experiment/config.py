@@ -194,13 +194,16 @@ class CheckpointSettings(Settings):
       raise ConfigError("keep_checkpoints", f"must be >= 1, got {self.keep_checkpoints}")
 
 
-@settings_group("distributed", "the Launchpad program (--distributed)", modes={DISTRIBUTED}, field_modes={
+@settings_group("distributed", "the distributed program (--distributed)", modes={DISTRIBUTED}, field_modes={
     "distributed": FieldModes(EVERY_MODE, "it chooses the mode"),
 })
 @dataclasses.dataclass(frozen=True)
 class DistributedSettings(Settings):
-  """The Launchpad program's nodes: actors, inference, restarts (distributed runs)."""
-  distributed: bool = False          # run as a Launchpad program instead of one process
+  """The distributed program's nodes: actors, inference, restarts, and the engine that runs them
+  (distributed runs)."""
+  distributed: bool = False          # run as a distributed program (actors, replay, learner, ...) instead of one process
+  engine: str = ""                   # what runs the program's nodes: 'launchpad' (the full stack) or 'ray'; empty:
+                                     # launchpad where it is installed, else ray
   num_actors: int = 4                # actor nodes, each stepping num_envs envs
   inference: str = "actor"           # where the policy runs: 'actor' (IMPALA-style) or 'server' (SEED-style)
   num_inference_servers: int = 1     # central batched inference servers (inference=server)
@@ -210,9 +213,15 @@ class DistributedSettings(Settings):
   max_restarts: int = 3              # restarts allowed per actor, evaluator or inference node
   restart_backoff_seconds: float = 1.0  # first wait before a restart; doubles with each restart of a node
   service_deadline_seconds: float = 60.0  # how long actors retry a lost replay or inference server
+  ray_address: str = ""              # --engine ray: the Ray cluster to join (host:port, as `ray start --head` says);
+                                     # empty: a Ray of this run's own on this host
 
   def check(self) -> None:
     require_positive(self, "num_actors", "num_inference_servers", "variable_update_period")
+    if self.engine not in ("", "launchpad", "ray"):
+      raise ConfigError("engine", f"must be 'launchpad' or 'ray', got '{self.engine}'")
+    if self.ray_address and self.engine == "launchpad":
+      raise ConfigError("ray_address", "joins a Ray cluster: it needs --engine ray, not launchpad")
     if self.inference not in ("actor", "server"):
       raise ConfigError("inference", f"must be 'actor' or 'server', got '{self.inference}'")
     if self.lp_launch_type not in ("local_mp", "local_mt"):

@@ -1,0 +1,166 @@
+"""The Ray engine (either stack): each node of the program in a Ray actor of its own (`RayNode`).
+
+A `RayNode` builds its node in its own process from the node's class and arguments, serves the
+node's public methods to the other nodes (`call`, on a pool of threads: an inference server's
+`infer` waits for the other actors' requests), runs its `run()`, and stops at `stop()`. It keeps
+the layout of a Launchpad node: its output in RUN_DIR/logs/<group>/<index> (appended to on
+restart), its pid in RUN_DIR/logs/pids/<group>-<index>, a row in metrics/restarts.csv for each
+restart. Ray restarts a restartable node's process when it dies (`max_restarts`) and runs its
+`run()` again; the node learns from its incarnation (`node_io.incarnation`) that it continues.
+
+Nodes reach each other through `RayHandle`s (an actor handle and the node's name) and the replay
+through `ServedReplayClient` (jrl's `ReplayServer` in a RayNode) or, where Reverb is installed and
+asked for, a Reverb server's address (`ReverbReplayClient`).
+"""
+
+import csv
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable, Dict, Sequence, Tuple
+
+import ray
+
+from jrl.replay.service import ServedReplayClient
+from jrl.run.distributed.node_env import INCARNATION_ENV, RUN_DIR_ENV
+from jrl.run.distributed.sessions import RESTARTS_FILE
+
+_STOP = threading.Event()  # this process's node: set once the program stops
+
+
+class RayHandle:
+  """A node in a Ray actor as a `jrl.run.distributed.engine.Handle`, by the actor's name: what a node is
+  built with is its peers' names, not their actor handles, so Ray can restart a node however long after
+  the launcher made it (an actor's arguments in Ray's object store may be gone by then)."""
+
+  def __init__(self, actor_name: str, namespace: str, name: str):
+    self.actor_name, self.namespace, self.name = actor_name, namespace, name
+    self._actor = None
+
+  def __getstate__(self):
+    return {"actor_name": self.actor_name, "namespace": self.namespace, "name": self.name, "_actor": None}
+
+  @property
+  def actor(self):
+    if self._actor is None:
+      self._actor = ray.get_actor(self.actor_name, namespace=self.namespace)
+    return self._actor
+
+  @property
+  def address(self) -> str:
+    return f"ray actor {self.name}"
+
+  def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    return ray.get(self.actor.call.remote(method, args, kwargs))
+
+  def future(self, method: str, *args: Any, **kwargs: Any):
+    return self.actor.call.remote(method, args, kwargs).future()
+
+
+class RayEngine:
+  """The engine's services to nodes that Ray runs (`jrl.run.distributed.engine.Engine`)."""
+
+  name = "ray"
+
+  def handle(self, raw) -> RayHandle:
+    return raw
+
+  def replay(self, raw):
+    if isinstance(raw, str):  # a Reverb server's address (ReverbServerNode)
+      from jrl.replay import reverb_replay
+      return reverb_replay.ReverbReplayClient(reverb_replay.reverb.Client(raw))
+    return ServedReplayClient(raw)
+
+  def stop_event(self) -> threading.Event:
+    return _STOP
+
+  def stop(self) -> None:
+    _STOP.set()  # the launcher sees the driver's run() return and stops the other nodes
+
+  def wait_for_stop(self) -> None:
+    _STOP.wait()
+
+
+RAY = RayEngine()
+
+
+def _count_restart(run_dir: str, name: str) -> int:
+  """Adds this restart of node `name` to metrics/restarts.csv (launch.supervisor's columns); its
+  incarnation: the restarts the file holds for the node."""
+  path = os.path.join(run_dir, RESTARTS_FILE)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  rows = []
+  if os.path.exists(path):
+    with open(path, newline="") as f:
+      rows = [row for row in csv.DictReader(f) if row["node"] == name]
+  with open(path, "a", newline="") as f:
+    writer = csv.writer(f)
+    if f.tell() == 0:
+      writer.writerow(["time", "node", "exit_code", "signal", "restart", "delay_seconds"])
+    writer.writerow([f"{time.time():.3f}", name, "", "lost (ray restarted it)", len(rows) + 1, "0"])
+  return len(rows) + 1
+
+
+class RayNode:
+  """One node of a program, in the Ray actor process this is: see the module docstring."""
+
+  def __init__(self, name: str, factory: Callable, args: Sequence[Any], kwargs: Dict[str, Any], run_dir: str,
+               env: Dict[str, str]):
+    self.name = name
+    os.environ.update(env)
+    os.environ[RUN_DIR_ENV] = run_dir
+    restarted = ray.get_runtime_context().was_current_actor_reconstructed
+    incarnation = _count_restart(run_dir, name) if restarted else 0
+    os.environ[INCARNATION_ENV] = str(incarnation)
+    group, index = name.split("/")
+    log_path = os.path.join(run_dir, "logs", group, index)
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    out = open(log_path, "a", buffering=1)
+    if restarted:
+      out.write(f"\n===== {name} restarted (incarnation {incarnation}) =====\n")
+    os.dup2(out.fileno(), 1)
+    os.dup2(out.fileno(), 2)
+    sys.stdout = sys.stderr = out
+    pids = os.path.join(run_dir, "logs", "pids")
+    os.makedirs(pids, exist_ok=True)
+    with open(os.path.join(pids, f"{group}-{index}"), "w") as f:
+      f.write(f"{os.getpid()}\n")
+    self._node = factory(*args, **kwargs)
+
+  def call(self, method: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    return getattr(self._node, method)(*args, **kwargs)
+
+  def run(self) -> None:
+    """Runs the node. An error ends its process, as a node's error ends its process under Launchpad:
+    Ray then restarts a restartable node and runs it again, and names any other (the launcher reads
+    the traceback in its log)."""
+    try:
+      self._node.run()
+    except BaseException:  # noqa: BLE001 - the process ends with it
+      traceback.print_exc()
+      sys.stdout.flush()
+      os._exit(1)
+
+  def stop(self) -> None:
+    _STOP.set()
+
+  def pid(self) -> int:
+    return os.getpid()
+
+  def node_ip(self) -> str:
+    return ray.util.get_node_ip_address()
+
+
+class ReverbServerNode:
+  """A Reverb server in a Ray node (where Reverb is installed): `address()` is what the other nodes
+  get as the replay. `tables()` and `checkpointer()` are as the Launchpad program's ReverbNode's."""
+
+  def __init__(self, tables: Callable, checkpointer: Callable, host: str):
+    from jrl.replay import reverb_replay
+    self._server = reverb_replay.reverb.Server(tables=tables(), port=None, checkpointer=checkpointer())
+    self._address = f"{host}:{self._server.port}"
+
+  def address(self) -> str:
+    return self._address

@@ -1,0 +1,354 @@
+"""Launching the distributed program on Ray (`--engine ray`; the core stack's, and the full stack's
+where Ray is installed beside it).
+
+  run_on_ray(exp, agent_cfg) -> the run's summary, after the program ended and its report was written
+
+The same nodes as the Launchpad program (`jrl.run.distributed`: counter, replay, learner processes,
+inference servers, actors, the driver node on the run core), each in a Ray actor of its own
+(`jrl.run.distributed.ray_engine.RayNode`). Replay is a Reverb server where Reverb is installed
+(`--deterministic` is not a distributed run's), else jrl's `ReplayServer` (`jrl.replay.service`).
+
+- Placement by role with Ray's resources: the learner processes and inference servers ask for GPUs
+  where the cluster has them (`jrl.accelerators.ray_gpus`; Ray sets their CUDA_VISIBLE_DEVICES);
+  every other node asks for none and starts with JAX confined to the CPU (CPU_ONLY_ENV).
+- `--ray_address` joins a running cluster (`ray start --head` on one host, `ray start --address` on
+  the others); else this run starts a Ray of its own on this host, bound to loopback, with its
+  dashboard off and its logs (and its nodes') in the run directory.
+- Faults: a restartable node (actors, the driver, inference servers) whose process dies is restarted
+  by Ray, up to --max_restarts, and its run() runs again (the summary's `restarts`); any other
+  node lost, or one past its restarts, stops the program, naming it (the run resumes from its last
+  checkpoint). Ctrl-C or SIGTERM: the learner checkpoints first, as on Launchpad; the same signal
+  again stops at once.
+"""
+
+import dataclasses
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from jrl import accelerators, compat, seeding
+from jrl.errors import ConfigError
+from jrl.experiment import checkpoint_formats
+from jrl.experiment.builder import build_agent_parts
+from jrl.experiment.checkpoint import RunWritesFailed
+from jrl.experiment.config import ExperimentConfig
+from jrl.experiment.files import REPORT_FILE, SUMMARY_FILE, resolve_paths
+from jrl.replay.batches import items_per_fetch
+from jrl.replay.checkpoint_names import REVERB_REPLAY_DIR
+from jrl.replay.service import ReplayServer, table_error_buffer
+from jrl.run.core import add_to_summary
+from jrl.run.distributed.actor_node import ActorNode
+from jrl.run.distributed.counter import Counter
+from jrl.run.distributed.driver_node import DriverNode
+from jrl.run.distributed.inference_node import InferenceNode
+from jrl.run.distributed.learner_node import LearnerNode
+from jrl.run.distributed.node_io import Session
+from jrl.run.distributed.program_report import run_report
+from jrl.run.distributed.sessions import ProgramStopped, prepare_session, restart_counts
+from launch.failures import BLAME_ORDER, NodeFailure, last_traceback
+from launch.progress import ProgressEcho
+
+# Nodes that hold no state others depend on: restarted when they fail (as on Launchpad).
+RESTARTABLE_GROUPS = ("actor", "evaluator", "inference")
+STOP_CHECKPOINT_SECONDS = 60.0  # the most a stop from outside waits for the learner's checkpoint
+STOP_GRACE_SECONDS = 10.0       # how long nodes get to end their run() after the stop, before they are killed
+POLL_SECONDS = 0.2
+
+
+def default_engine() -> str:
+  """The engine a distributed run takes without --engine: Launchpad where the full stack is, else Ray."""
+  return "launchpad" if not compat.missing_distributed_stack() else "ray"
+
+
+def check_ray_installed() -> None:
+  import importlib.util
+  if importlib.util.find_spec("ray") is None:
+    raise ConfigError("engine", "'ray' needs Ray (ray==2.60.0, in the core stack's lock: 'make setup STACK=core'); "
+                                "this install has none")
+
+
+@dataclasses.dataclass
+class _Started:
+  """A node the launcher started: its name ('actor/3'), its RayNode handle, its run() (None: a service)."""
+  name: str
+  actor: Any
+  run: Any = None
+
+  @property
+  def group(self) -> str:
+    return self.name.split("/")[0]
+
+
+class RayProgram:
+  """A distributed run on Ray: its session, its nodes once started, and its stop."""
+
+  def __init__(self, exp: ExperimentConfig, agent_cfg):
+    self.exp, self.agent_cfg = exp, agent_cfg
+    self.nodes: List[_Started] = []
+    self.stop_signal: Optional[int] = None
+    self._stop_now = threading.Event()
+    self._own_ray: Optional[str] = None  # the temporary folder of a Ray this run started
+    # The nodes' actors are named in a namespace of this launch: "learner/0" in "jrl-<run>-<pid>".
+    self.namespace = f"jrl-{os.getpid()}-{int(time.time())}"
+
+  # -- Ray itself --------------------------------------------------------------------------------
+
+  def start_ray(self, run_dir: str) -> None:
+    """Joins `--ray_address`, or starts a Ray of this run's own on this host (loopback, no dashboard)."""
+    import logging
+
+    import ray
+    quiet = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, configure_logging=True)
+    if self.exp.ray_address:
+      ray.init(address=self.exp.ray_address, namespace=self.namespace, **quiet)
+      self._quiet_errors(run_dir)
+      return
+    # Ray's sockets live under its temporary folder, whose path must stay short (AF_UNIX's 107 bytes): not
+    # the run directory; its logs are copied there at the end.
+    self._own_ray = tempfile.mkdtemp(prefix="jrl-ray-")
+    cpus = max(os.cpu_count() or 1, self.exp.num_actors + self.exp.num_processes + 4)
+    ray.init(num_cpus=cpus, _temp_dir=self._own_ray, _node_ip_address="127.0.0.1", namespace=self.namespace, **quiet)
+    self._quiet_errors(run_dir)
+
+  @staticmethod
+  def _quiet_errors(run_dir: str) -> None:
+    """Ray prints the errors its raylets report (a worker died, a task is retried) on the driver's
+    terminal whatever `log_to_driver` says; they go to logs/ray/errors.log instead: the launcher names
+    the failures that matter itself (which node, its traceback, its restarts)."""
+    import ray._private.worker as ray_worker
+    path = os.path.join(run_dir, "logs", "ray", "errors.log")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+
+    def to_file(data, ignore_prefix=False):
+      del ignore_prefix
+      with open(path, "a") as f:
+        f.writelines(f"({data.get('pid')}) {line}\n" for line in data.get("lines", []))
+
+    ray_worker.print_to_stdstream = to_file
+
+  def stop_ray(self, run_dir: str) -> None:
+    import ray
+    ray.shutdown()
+    if self._own_ray is not None:
+      logs = os.path.join(self._own_ray, "session_latest", "logs")
+      if os.path.isdir(logs):
+        shutil.copytree(logs, os.path.join(run_dir, "logs", "ray"), dirs_exist_ok=True)
+      shutil.rmtree(self._own_ray, ignore_errors=True)
+
+  # -- the nodes ---------------------------------------------------------------------------------
+
+  def _start(self, name: str, factory, args: Tuple, kwargs: Dict[str, Any], run_dir: str, gpus: float = 0.0,
+             runs: bool = True) -> _Started:
+    import ray
+
+    from jrl.run.distributed.ray_engine import RayNode
+    restartable = name.split("/")[0] in RESTARTABLE_GROUPS
+    env = {} if gpus else dict(accelerators.CPU_ONLY_ENV)
+    options = dict(name=name, namespace=self.namespace, num_cpus=0, num_gpus=gpus,
+                   max_concurrency=max(32, 4 * self.exp.num_actors + 8),
+                   max_restarts=self.exp.max_restarts if restartable else 0,
+                   max_task_retries=-1 if restartable else 0, runtime_env={"env_vars": env})
+    actor = ray.remote(RayNode).options(**options).remote(name, factory, args, kwargs, run_dir, env)
+    started = _Started(name, actor, actor.run.remote() if runs else None)
+    self.nodes.append(started)
+    return started
+
+  def start_nodes(self, session: Session, counter_state) -> Dict[str, Any]:
+    """Starts every node, services first; the handles the driver and a stop from outside use."""
+    import ray
+
+    from jrl.run.distributed.ray_engine import RAY, RayHandle
+    exp, cfg, run_dir = self.exp, self.agent_cfg, session.run_dir
+    parts = build_agent_parts(exp.agent, exp.env, cfg)
+    gpus = accelerators.ray_gpus(ray.cluster_resources().get("GPU", 0.0), exp.learner_devices, exp.num_processes,
+                                 exp.num_inference_servers if exp.inference == "server" else 0)
+
+    def handle(started: _Started) -> RayHandle:
+      return RayHandle(started.name, self.namespace, started.name)
+
+    counter = handle(self._start("counter/0", Counter, (counter_state, exp.steps), {}, run_dir, runs=False))
+    replay = self._start_replay(parts, session)
+    learners = [handle(self._start(f"learner/{i}", LearnerNode, (exp, cfg, replay, counter, session, i),
+                                   {"engine": RAY}, run_dir, gpus["learner"][i])) for i in range(exp.num_processes)]
+    learner = learners[0]
+    servers = []
+    if exp.inference == "server":
+      for server_id in range(exp.num_inference_servers):
+        assigned = len(range(server_id, exp.num_actors, exp.num_inference_servers))
+        servers.append(handle(self._start(f"inference/{server_id}", InferenceNode,
+                                          (exp, cfg, learner, assigned, server_id, counter, session),
+                                          {"engine": RAY}, run_dir, gpus["inference"][server_id])))
+    for actor_id in range(exp.num_actors):
+      server = servers[actor_id % len(servers)] if servers else None
+      self._start(f"actor/{actor_id}", ActorNode, (actor_id, exp, cfg, replay, learner, counter, server, session),
+                  {"engine": RAY}, run_dir)
+    self._start("evaluator/0", DriverNode, (exp, cfg, learner, counter, servers, session, replay), {"engine": RAY},
+                run_dir)
+    return {"learner": learner, "counter": counter}
+
+  def _start_replay(self, parts, session: Session):
+    """The replay node; what the other nodes get for it (a Reverb server's address, or its handle)."""
+    import ray
+
+    from jrl.run.distributed.ray_engine import RayHandle, ReverbServerNode
+    exp, spec = self.exp, parts.replay_spec
+    restore = os.path.join(session.checkpoint, "replay") if session.checkpoint else None
+    if not compat.missing_distributed_stack():  # Reverb is installed: the replay is a Reverb server
+      from jrl.run.distributed.launchpad_engine import make_replay_tables, reverb_checkpointer
+      import functools
+      fallback = os.path.join(restore, REVERB_REPLAY_DIR) if restore else None
+      host = "127.0.0.1" if not exp.ray_address else ray.util.get_node_ip_address()
+      started = self._start("replay/0", ReverbServerNode,
+                            (functools.partial(make_replay_tables, exp, self.agent_cfg),
+                             functools.partial(reverb_checkpointer, session.run_dir, fallback), host), {},
+                            session.run_dir, runs=False)
+      return ray.get(started.actor.call.remote("address", (), {}))
+    items = items_per_fetch(spec, spec.kind.updates_per_call(exp.updates_per_call),
+                            self.agent_cfg.batch_size // exp.num_processes)
+    error_buffer = table_error_buffer(items, exp.prefetch, exp.num_processes)
+    started = self._start("replay/0", ReplayServer,
+                          (spec, error_buffer, seeding.env_seed(exp.seed, "replay", 0), checkpoint_formats.write,
+                           checkpoint_formats.read, restore), {}, session.run_dir, runs=False)
+    return RayHandle(started.name, self.namespace, started.name)
+
+  # -- waiting, failures, stops ------------------------------------------------------------------
+
+  def wait(self, handles: Dict[str, Any], run_dir: str) -> None:
+    """Until the driver node ends the run (then every node is stopped), a node fails (NodeFailure), or
+    a stop from outside (ProgramStopped, after the learner's checkpoint)."""
+    import ray
+    driver = next(n for n in self.nodes if n.group == "evaluator")
+    pending = {n.run: n for n in self.nodes if n.run is not None}
+    while True:
+      if self.stop_signal is not None:
+        self._checkpoint_before_stop(handles, run_dir)
+        self.stop_nodes()
+        raise ProgramStopped(run_dir, self.stop_signal)
+      done, _ = ray.wait(list(pending), timeout=POLL_SECONDS, num_returns=1)
+      failed = []
+      for ref in done:
+        node = pending.pop(ref)
+        try:
+          ray.get(ref)
+        except Exception as e:  # its process died past its restarts, or it is not restartable
+          failed.append((node, e))
+          continue
+        if node is driver:
+          self.stop_nodes()
+          return
+      if failed:
+        node, error = min(failed, key=lambda f: BLAME_ORDER.index(f[0].group) if f[0].group in BLAME_ORDER else 99)
+        self.stop_nodes()
+        raise self._failure(node, error, run_dir)
+
+  def _failure(self, node: _Started, error: Exception, run_dir: str) -> NodeFailure:
+    log_path = os.path.join(run_dir, "logs", *node.name.split("/"))
+    restartable = node.group in RESTARTABLE_GROUPS
+    cause = "its process died" if "ActorDied" in type(error).__name__ or "ActorError" in type(error).__name__ \
+        else f"{type(error).__name__}"
+    return NodeFailure(node.name, cause, log_path, last_traceback(log_path),
+                       restarts=restart_counts(run_dir).get(node.name, 0) if restartable else None)
+
+  def _checkpoint_before_stop(self, handles, run_dir: str) -> None:
+    if os.path.exists(os.path.join(run_dir, SUMMARY_FILE)):
+      return
+    print(f"[launcher] stopping: the learner writes a checkpoint first (at most {STOP_CHECKPOINT_SECONDS:.0f} s; "
+          "the same signal again stops at once)", flush=True)
+    future = handles["learner"].future("checkpoint")
+    deadline = time.monotonic() + STOP_CHECKPOINT_SECONDS
+    while not future.done():
+      if self._stop_now.is_set() or time.monotonic() > deadline:
+        print("[launcher] no checkpoint before the stop: "
+              + ("stopped at once" if self._stop_now.is_set() else f"none within {STOP_CHECKPOINT_SECONDS:.0f} s"),
+              flush=True)
+        return
+      time.sleep(0.05)
+    try:
+      path, failed_policy = future.result()
+    except Exception as e:  # noqa: BLE001 - the stop goes on; the line says what was not kept
+      print(f"[launcher] no checkpoint before the stop: {type(e).__name__}: {e}", flush=True)
+      return
+    print(f"[launcher] checkpoint {os.path.relpath(path, run_dir)} written; stopping the program", flush=True)
+
+  def stop_nodes(self) -> None:
+    """Every node's stop event, a grace for their run() to end, then their processes killed."""
+    import ray
+    for node in self.nodes:
+      try:
+        node.actor.stop.remote()
+      except Exception:  # noqa: BLE001 - a node already gone
+        pass
+    runs = [n.run for n in self.nodes if n.run is not None]
+    if runs:
+      ray.wait(runs, num_returns=len(runs), timeout=STOP_GRACE_SECONDS)
+    for node in self.nodes:
+      try:
+        ray.kill(node.actor, no_restart=True)
+      except Exception:  # noqa: BLE001
+        pass
+
+  def handle_signals(self):
+    """SIGINT and SIGTERM note a stop from outside (the first waits for the learner's checkpoint; the
+    same again stops at once). Returns a function that puts the previous handlers back."""
+    previous = {}
+
+    def noted(signum, frame):
+      del frame
+      if self.stop_signal is None:
+        self.stop_signal = signum
+      elif signum == self.stop_signal:
+        self._stop_now.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+      previous[sig] = signal.signal(sig, noted)
+    return lambda: [signal.signal(sig, handler) for sig, handler in previous.items()]
+
+
+def run_on_ray(exp: ExperimentConfig, agent_cfg) -> Dict[str, Any]:
+  """Runs the program on Ray and waits for it; the run's summary. RuntimeError (NodeFailure) naming a
+  node that failed; ProgramStopped at Ctrl-C or SIGTERM; RunWritesFailed (after the report) when a
+  checkpoint or policy snapshot was not written."""
+  check_ray_installed()
+  exp = resolve_paths(exp)
+  build_agent_parts(exp.agent, exp.env, agent_cfg)  # config errors surface here, before anything starts
+  if exp.inference == "server" and exp.num_inference_servers > exp.num_actors:
+    raise ConfigError("num_inference_servers", f"must be <= num_actors ({exp.num_actors})")
+  if exp.launcher != "local":
+    raise ConfigError("launcher", "--engine ray places its nodes on the Ray cluster's hosts: join one with "
+                                  "--ray_address (started with `ray start` on the hosts) instead of --launcher")
+  if exp.num_processes > 1 and not exp.coordinator_address:
+    import portpicker
+    exp = dataclasses.replace(exp, coordinator_address=f"127.0.0.1:{portpicker.pick_unused_port()}")
+  session, counter_state = prepare_session(exp, agent_cfg)
+  run_dir = session.run_dir
+  program = RayProgram(exp, agent_cfg)
+  echo = ProgressEcho(os.path.join(run_dir, "logs", "evaluator", "0"))
+  restore_signals = program.handle_signals()
+  program.start_ray(run_dir)
+  echo.start()
+  try:
+    handles = program.start_nodes(session, counter_state)
+    program.wait(handles, run_dir)
+  finally:
+    echo.stop()
+    restore_signals()
+    program.stop_ray(run_dir)
+  summary_path = os.path.join(run_dir, SUMMARY_FILE)
+  if not os.path.exists(summary_path):
+    raise ProgramStopped(run_dir, program.stop_signal)
+  restarts = restart_counts(run_dir)
+  import json
+  with open(summary_path) as f:
+    summary = json.load(f)
+  result, fields, details = run_report(run_dir, session, exp, agent_cfg, summary, os.cpu_count(), restarts=restarts,
+                                       restarts_total=sum(restarts.values()), lost_hosts=[], lost_nodes=[])
+  summary = add_to_summary(run_dir, fields, **details)
+  print(f"report: {result.advice} ({os.path.join(run_dir, REPORT_FILE)})", flush=True)
+  if summary["failed_writes"]:
+    raise RunWritesFailed(run_dir, summary["failed_writes"])
+  summary["run_dir"] = run_dir
+  return summary
