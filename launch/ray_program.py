@@ -1,12 +1,11 @@
-"""Launching the distributed program on Ray (`--engine ray`; the core stack's, and the full stack's
-where Ray is installed beside it).
+"""Launching the distributed program on Ray (`--engine ray`, the core stack's engine).
 
   run_on_ray(exp, agent_cfg) -> the run's summary, after the program ended and its report was written
 
 The same nodes as the Launchpad program (`jrl.run.distributed`: counter, replay, learner processes,
 inference servers, actors, the driver node on the run core), each in a Ray actor of its own
-(`jrl.run.distributed.ray_engine.RayNode`). Replay is a Reverb server where Reverb is installed
-(`--deterministic` is not a distributed run's), else jrl's `ReplayServer` (`jrl.replay.service`).
+(`jrl.run.distributed.ray_engine.RayNode`). Replay is jrl's `ReplayServer` (`jrl.replay.service`:
+Reverb's semantics as jrl uses them); Ray does not install beside the full stack's Reverb.
 
 - Placement by role with Ray's resources: the learner processes and inference servers ask for GPUs
   where the cluster has them (`jrl.accelerators.ray_gpus`; Ray sets their CUDA_VISIBLE_DEVICES);
@@ -38,7 +37,6 @@ from jrl.experiment.checkpoint import RunWritesFailed
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import REPORT_FILE, SUMMARY_FILE, resolve_paths
 from jrl.replay.batches import items_per_fetch
-from jrl.replay.checkpoint_names import REVERB_REPLAY_DIR
 from jrl.replay.service import ReplayServer, table_error_buffer
 from jrl.run.core import add_to_summary
 from jrl.run.distributed.actor_node import ActorNode
@@ -191,22 +189,11 @@ class RayProgram:
     return {"learner": learner, "counter": counter}
 
   def _start_replay(self, parts, session: Session):
-    """The replay node; what the other nodes get for it (a Reverb server's address, or its handle)."""
-    import ray
-
-    from jrl.run.distributed.ray_engine import RayHandle, ReverbServerNode
+    """The replay node (jrl's ReplayServer: Ray and Reverb never install together, see ray_engine);
+    its handle, what the other nodes get for it."""
+    from jrl.run.distributed.ray_engine import RayHandle
     exp, spec = self.exp, parts.replay_spec
     restore = os.path.join(session.checkpoint, "replay") if session.checkpoint else None
-    if not compat.missing_distributed_stack():  # Reverb is installed: the replay is a Reverb server
-      from jrl.run.distributed.launchpad_engine import make_replay_tables, reverb_checkpointer
-      import functools
-      fallback = os.path.join(restore, REVERB_REPLAY_DIR) if restore else None
-      host = "127.0.0.1" if not exp.ray_address else ray.util.get_node_ip_address()
-      started = self._start("replay/0", ReverbServerNode,
-                            (functools.partial(make_replay_tables, exp, self.agent_cfg),
-                             functools.partial(reverb_checkpointer, session.run_dir, fallback), host), {},
-                            session.run_dir, runs=False)
-      return ray.get(started.actor.call.remote("address", (), {}))
     items = items_per_fetch(spec, spec.kind.updates_per_call(exp.updates_per_call),
                             self.agent_cfg.batch_size // exp.num_processes)
     error_buffer = table_error_buffer(items, exp.prefetch, exp.num_processes)

@@ -8,9 +8,10 @@ restart), its pid in RUN_DIR/logs/pids/<group>-<index>, a row in metrics/restart
 restart. Ray restarts a restartable node's process when it dies (`max_restarts`) and runs its
 `run()` again; the node learns from its incarnation (`node_io.incarnation`) that it continues.
 
-Nodes reach each other through `RayHandle`s (an actor handle and the node's name) and the replay
-through `ServedReplayClient` (jrl's `ReplayServer` in a RayNode) or, where Reverb is installed and
-asked for, a Reverb server's address (`ReverbReplayClient`).
+Nodes reach each other through `RayHandle`s (by the actors' names) and the replay through
+`ServedReplayClient` (jrl's `ReplayServer` in a RayNode). Ray 2.60 needs protobuf>=3.20.3, which the
+full stack's TensorFlow 2.8 refuses, so Ray and Reverb are never installed together: on Ray the replay is
+always jrl's own.
 """
 
 import csv
@@ -67,10 +68,7 @@ class RayEngine:
   def handle(self, raw) -> RayHandle:
     return raw
 
-  def replay(self, raw):
-    if isinstance(raw, str):  # a Reverb server's address (ReverbServerNode)
-      from jrl.replay import reverb_replay
-      return reverb_replay.ReverbReplayClient(reverb_replay.reverb.Client(raw))
+  def replay(self, raw: RayHandle) -> ServedReplayClient:
     return ServedReplayClient(raw)
 
   def stop_event(self) -> threading.Event:
@@ -151,16 +149,3 @@ class RayNode:
 
   def node_ip(self) -> str:
     return ray.util.get_node_ip_address()
-
-
-class ReverbServerNode:
-  """A Reverb server in a Ray node (where Reverb is installed): `address()` is what the other nodes
-  get as the replay. `tables()` and `checkpointer()` are as the Launchpad program's ReverbNode's."""
-
-  def __init__(self, tables: Callable, checkpointer: Callable, host: str):
-    from jrl.replay import reverb_replay
-    self._server = reverb_replay.reverb.Server(tables=tables(), port=None, checkpointer=checkpointer())
-    self._address = f"{host}:{self._server.port}"
-
-  def address(self) -> str:
-    return self._address
