@@ -5,7 +5,7 @@ SEED ?= 0
 ENV ?= CartPole-v1
 AGENT ?= dqn
 
-.PHONY: setup setup-core train test test-all test-long test-core lint bench digests reference docs clean
+.PHONY: setup setup-core train test test-all test-ray test-long test-core lint bench digests reference docs clean
 
 # .venv with one of the two stacks (scripts/setup_venv.sh): STACK=full (Python 3.10: Reverb, Launchpad) or
 # STACK=core (Python 3.11-3.13, current JAX); unset, the stack .venv has, else full where a Python 3.10 is
@@ -35,6 +35,13 @@ test-all: setup
 	bash scripts/run_tests.sh -m "slow and not long and not in_pairs" $(PYTEST_ARGS); slow=$$?; \
 	bash scripts/run_tests.sh -m "slow and not long and in_pairs" -n 2 --dist worksteal $(PYTEST_ARGS); pairs=$$?; \
 	[ $$fast -eq 0 ] && [ $$slow -eq 0 ] && [ $$pairs -eq 0 ]
+
+# The distributed program on Ray (the core stack's engine; Ray does not install beside the full stack's
+# TensorFlow): its slow tests, from .venv where it has the core stack, else .venv-core.
+test-ray: setup
+	@if [ "$$(cat .venv/.jrl-stack)" = core ]; then bash scripts/run_tests.sh -m "slow and needs_ray and not long"; \
+	else $(MAKE) --no-print-directory setup-core && JRL_TEST_PYTHON=.venv-core/bin/python \
+	bash scripts/run_tests.sh --core -m "slow and needs_ray and not long"; fi
 
 test-long: setup
 	bash scripts/run_tests.sh -m long $(PYTEST_ARGS)

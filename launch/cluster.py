@@ -30,7 +30,6 @@ from jrl.errors import ConfigError
 from jrl.experiment.files import SUMMARY_FILE
 from jrl.run.distributed import liveness, multihost
 from jrl.run.distributed.placement import Host, Placement, default_placement, parse_hosts, parse_placement
-from launch.progress import ProgressEcho
 
 POLL_SECONDS = 0.5
 EXIT_STATUS_FILE = multihost.EXIT_STATUS_FILE

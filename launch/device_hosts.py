@@ -31,6 +31,7 @@ from jrl.experiment.files import SUMMARY_FILE
 from launch import cluster
 from jrl.run.distributed import liveness, multihost
 from launch.cluster import hosts_flag, last_checkpoint_line
+from launch.progress import ProgressEcho
 from jrl.run.distributed.placement import Placement, parse_placement
 
 GROUP = "device"
@@ -97,7 +98,7 @@ def run_device_on_hosts(exp, agent_cfg) -> Dict[str, Any]:
   print(f"[device] {processes} processes on {', '.join(h.name for h in placement.hosts)} "
         f"(coordinator {coordinator}): {run_dir}", flush=True)
   hint = resume_hint(exp, placement, run_dir)
-  echo = cluster.ProgressEcho(os.path.join(run_dir, "logs", GROUP, "0"))  # the first process's progress lines
+  echo = ProgressEcho(os.path.join(run_dir, "logs", GROUP, "0"))  # the first process's progress lines
   echo.start()
   try:
     cluster.run_plan(exp, plan, run_dir, placement, hint)

@@ -38,6 +38,7 @@ from jrl.run.distributed.program import ProgramNodes, build_program
 from jrl.run.distributed.program_report import run_report
 from jrl.run.distributed.sessions import ProgramStopped, prepare_session, restart_counts
 from launch import cluster, loopback, supervisor
+from launch.progress import ProgressEcho
 
 # Nodes that hold no state others depend on: restarted when they fail (the driver node keeps its
 # books in the counter).
@@ -142,7 +143,7 @@ def launch_program(built: BuiltProgram) -> Dict[str, Any]:
   placement, node_env = built.placement, built.node_env
   run_dir, log_dir = session.run_dir, os.path.join(session.run_dir, "logs")
   policy = supervisor.RestartPolicy(RESTARTABLE_GROUPS, exp.max_restarts, exp.restart_backoff_seconds)
-  echo = cluster.ProgressEcho(os.path.join(log_dir, "evaluator", "0"))
+  echo = ProgressEcho(os.path.join(log_dir, "evaluator", "0"))
   lost: Dict[str, Any] = {}
   if placement is not None:
     echo.start()

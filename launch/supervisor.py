@@ -43,8 +43,7 @@ from launchpad.launch import worker_manager
 from launchpad.launch.run_locally import run_locally
 
 from jrl.run.distributed.liveness import die_with_parent
-from jrl.run.distributed.node_env import INCARNATION_ENV, RUN_DIR_ENV
-from jrl.run.distributed.sessions import RESTARTS_FILE
+from jrl.run.distributed.node_env import INCARNATION_ENV, RESTARTS_FILE, RUN_DIR_ENV
 from launch.failures import BLAME_ORDER, NodeFailure, describe_exit, last_traceback  # noqa: F401 (used by launchers)
 
 TERMINAL = "jrl_supervised"

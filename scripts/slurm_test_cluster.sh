@@ -2,6 +2,8 @@
 # A real three-host Slurm cluster on one machine, for tests (root only).
 #
 #   scripts/slurm_test_cluster.sh up STATE_DIR     # network namespaces + munge + slurmctld + 3 slurmd
+#   scripts/slurm_test_cluster.sh hosts STATE_DIR  # the three hosts' network namespaces alone (no Slurm):
+#                                                  # a Ray cluster's test hosts (tests/test_ray_engine.py)
 #   scripts/slurm_test_cluster.sh down STATE_DIR   # stops every daemon, removes namespaces and bridge
 #
 # Hosts node1..node3 are network namespaces slurmns1..3 at 10.200.0.1..3 on the
@@ -39,17 +41,9 @@ down() {
   ip link del brslurm 2>/dev/null || true
 }
 
-up() {
-  for tool in slurmctld slurmd munged sinfo ip nsenter unshare; do
-    command -v "$tool" >/dev/null || { echo "slurm_test_cluster: '$tool' not found (apt-get install -y slurm-wlm munge iproute2)" >&2; exit 2; }
-  done
-  [ "$(id -u)" = 0 ] || { echo "slurm_test_cluster: needs root (network namespaces)" >&2; exit 2; }
-  down  # leftovers of an earlier run
-  mkdir -p "$D"/state "$D"/log "$D"/munge
-  chmod 711 "$D"  # munged checks that its socket's folders are searchable by all
-  for i in $(seq 1 $HOSTS); do mkdir -p "$D/spool/node$i"; done
-  chmod 711 "$D/munge"
-
+# The hosts: namespaces slurmns1..3 at 10.200.0.1..3 on the bridge brslurm (10.200.0.254), and a hosts
+# file naming them all ($D/hosts).
+network() {
   ip link add brslurm type bridge
   ip addr add 10.200.0.254/24 dev brslurm
   ip link set brslurm up
@@ -61,6 +55,32 @@ up() {
     ip -n "slurmns$i" link set eth0 up
     ip -n "slurmns$i" link set lo up
   done
+  { echo "127.0.0.1 localhost"; for i in $(seq 1 $HOSTS); do echo "10.200.0.$i node$i"; done; } > "$D/hosts"
+}
+
+hosts() {
+  for tool in ip nsenter; do
+    command -v "$tool" >/dev/null || { echo "slurm_test_cluster: '$tool' not found (apt-get install -y iproute2)" >&2; exit 2; }
+  done
+  [ "$(id -u)" = 0 ] || { echo "slurm_test_cluster: needs root (network namespaces)" >&2; exit 2; }
+  down  # leftovers of an earlier run
+  mkdir -p "$D"
+  network
+  echo "slurm_test_cluster: $HOSTS hosts up (network namespaces slurmns1..$HOSTS at 10.200.0.1..$HOSTS)"
+}
+
+up() {
+  for tool in slurmctld slurmd munged sinfo ip nsenter unshare; do
+    command -v "$tool" >/dev/null || { echo "slurm_test_cluster: '$tool' not found (apt-get install -y slurm-wlm munge iproute2)" >&2; exit 2; }
+  done
+  [ "$(id -u)" = 0 ] || { echo "slurm_test_cluster: needs root (network namespaces)" >&2; exit 2; }
+  down  # leftovers of an earlier run
+  mkdir -p "$D"/state "$D"/log "$D"/munge
+  chmod 711 "$D"  # munged checks that its socket's folders are searchable by all
+  for i in $(seq 1 $HOSTS); do mkdir -p "$D/spool/node$i"; done
+  chmod 711 "$D/munge"
+
+  network
 
   head -c 128 /dev/urandom > "$D/munge/munge.key"
   chmod 400 "$D/munge/munge.key"
@@ -100,7 +120,6 @@ EOF
   slurmctld
   # Each host sees its own name and resolves every host's (gloo looks its own up): a
   # private hosts file, bind-mounted in a mount namespace of the host's own.
-  { echo "127.0.0.1 localhost"; for i in $(seq 1 $HOSTS); do echo "10.200.0.$i node$i"; done; } > "$D/hosts"
   for i in $(seq 1 $HOSTS); do
     nsenter --net="/run/netns/slurmns$i" unshare --uts --mount sh -c \
       "mount --bind $D/hosts /etc/hosts && hostname node$i && exec slurmd -N node$i"
@@ -119,6 +138,7 @@ EOF
 
 case "$ACTION" in
   up) up ;;
+  hosts) hosts ;;
   down) down ;;
-  *) echo "usage: $0 up|down STATE_DIR" >&2; exit 2 ;;
+  *) echo "usage: $0 up|hosts|down STATE_DIR" >&2; exit 2 ;;
 esac

@@ -12,8 +12,10 @@ extra, Python 3.10) are marked `needs_reverb`. `pytest --core` (the core stack, 
 backend's too (gymnax is in both stacks; its tests are marked `needs_gymnax`). A file whose every
 test needs the full stack says so in its `pytestmark = ...` line; `--core` does not even import it
 (its imports need that stack). A `--core` run in which no test passed fails: an empty or
-all-skipped run proves nothing. Without `--core` nothing is deselected, so a missing package fails
-loudly.
+all-skipped run proves nothing. Without `--core` (the full stack) the tests marked `needs_ray` are
+deselected, and a file whose `pytestmark` names it is not imported: Ray is the core stack's engine
+(ray 2.60 needs protobuf>=3.20.3, TensorFlow 2.8 protobuf<3.20). Nothing else is deselected, so a
+missing package fails loudly.
 """
 
 import os
@@ -35,6 +37,7 @@ import distrax  # noqa: F401
 import rlax  # noqa: F401
 
 CORE_EXCLUDED = ("needs_reverb",)
+FULL_EXCLUDED = ("needs_ray",)  # Ray is the core stack's engine: it does not install beside TensorFlow 2.8
 
 
 def pytest_addoption(parser):
@@ -47,6 +50,7 @@ def pytest_configure(config):
   config.addinivalue_line("markers", "needs_reverb: needs reverb, launchpad or TensorFlow (jrl[distributed], "
                           "Python 3.10)")
   config.addinivalue_line("markers", "needs_gymnax: needs gymnax (the device backend)")
+  config.addinivalue_line("markers", "needs_ray: needs Ray (the core stack's engine; deselected on the full stack)")
   config.addinivalue_line("markers", "slow: trains to a threshold or starts real programs (make test-all)")
   config.addinivalue_line("markers", "long: a learning run of many minutes (make test-long; not in make test-all)")
   config.addinivalue_line("markers", "in_pairs: a slow test whose outcome is seeded bytes, not timing, and which "
@@ -60,23 +64,35 @@ def pytest_report_header(config):
 
 
 def pytest_ignore_collect(collection_path, config):
-  if not config.getoption("--core") or collection_path.suffix != ".py":
+  if collection_path.suffix != ".py":
     return None
+  marker = "needs_reverb" if config.getoption("--core") else "needs_ray"
   try:
     with open(collection_path) as f:
-      if any(line.startswith("pytestmark =") and "needs_reverb" in line for line in f):
+      if any(line.startswith("pytestmark =") and marker in line for line in f):
         return True
   except OSError:
     pass
   return None
 
 
+# The slow tier runs on two pytest-xdist workers with `--dist loadgroup` (make test-all): each test file
+# is a group of its own (its module fixtures and the order of its tests hold, as under loadfile), and
+# every test on the Slurm test cluster is in one group across files, since the cluster's hosts (network
+# namespaces with fixed names and addresses, scripts/slurm_test_cluster.sh) exist once per machine.
+SLURM_GROUP = "slurm-test-cluster"
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-  if not config.getoption("--core"):
-    return
+  for item in items:
+    if item.get_closest_marker("xdist_group") is None:
+      group = SLURM_GROUP if "slurm" in getattr(item, "fixturenames", ()) else item.location[0]
+      item.add_marker(pytest.mark.xdist_group(group))
+  excluded = CORE_EXCLUDED if config.getoption("--core") else FULL_EXCLUDED
   kept, deselected = [], []
   for item in items:
-    (deselected if any(item.get_closest_marker(m) for m in CORE_EXCLUDED) else kept).append(item)
+    (deselected if any(item.get_closest_marker(m) for m in excluded) else kept).append(item)
   if deselected:
     config.hook.pytest_deselected(items=deselected)
     items[:] = kept

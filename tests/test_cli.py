@@ -46,7 +46,7 @@ BAD_INPUTS = {
     "log_every distributed": (["--distributed", "--log_every", "5"],
                               "--log_every of the 'run' settings applies to embedded, device and device over hosts "
                               "runs, not to a distributed run"),
-    "num_actors embedded": (["--num_actors", "3"], "--num_actors belongs to the 'distributed' settings (the Launchpad "
+    "num_actors embedded": (["--num_actors", "3"], "--num_actors belongs to the 'distributed' settings (the distributed "
                                                    "program), which an embedded run does not use: add --distributed "
                                                    "or drop it"),
     "fault injection embedded": (["--crash_learner_after", "5"], "crash_learner_after: applies to --distributed runs only"),
@@ -105,15 +105,19 @@ def test_bad_distributed_input_gives_one_line_and_status_2(tmp_path):
 
 @pytest.mark.skipif(not missing_distributed_stack(), reason="the distributed stack is installed")
 def test_a_core_install_refuses_what_needs_the_distributed_stack_in_one_line(tmp_path):
-  """Where reverb/launchpad/TensorFlow are missing (the core stack), --distributed and a run that asks
-  for Reverb are refused up front in one line naming the full stack and how to get it; a plain run
-  replays from the seeded buffer instead (tests/test_core_stack.py)."""
+  """Where reverb/launchpad/TensorFlow are missing (the core stack), a Launchpad program (asked for by
+  --engine launchpad or by a launcher of Launchpad's) and a run that asks for Reverb are refused up
+  front in one line naming the full stack and how to get it; a plain --distributed runs on Ray and a
+  plain run replays from the seeded buffer instead (tests/test_ray_engine.py, tests/test_core_stack.py)."""
   from jrl import compat
   here = compat.stack()
   core = (f"needs {compat.FULL_STACK_HINT}; this install is the core stack (Python {here.python}, JAX {here.jax}; "
           f"no {', '.join(missing_distributed_stack())})")
   _check_one_line_errors({
-      "distributed": (["--distributed"], f"distributed: --distributed {core}"),
+      "launchpad": (["--distributed", "--engine", "launchpad"], f"engine: --distributed on Launchpad {core}"),
+      "slurm": (["--distributed", "--launcher", "slurm", "--hosts", "node1,node2"],
+                f"launcher: --launcher slurm launches a Launchpad program, which needs {compat.FULL_STACK_HINT}; "
+                "on Ray, start it on the hosts (`ray start`) and join it with --ray_address"),
       "reverb replay": (["--deterministic", "false"],
                         f"deterministic: a run without --deterministic (Reverb replay) {core}"),
   }, tmp_path)

@@ -43,7 +43,9 @@ HELP_AT_9B2B4F1 = {
               "--samples_per_insert", "--block_size", "--prioritized", "--priority_exponent",
               "--importance_exponent"],
 }
-ADDED_SINCE = {"run": {"--env_groups": "--actor_device"}}  # heading: {flag: the flag added after it}
+# heading: {flag: the flag added after it}; --engine and --ray_address came with the Ray engine.
+ADDED_SINCE = {"run": {"--env_groups": "--actor_device"},
+               "distributed": {"--distributed": "--engine", "--service_deadline_seconds": "--ray_address"}}
 
 # What the hand-kept sets said at 9b2b4f1 (EMBEDDED_ONLY, DISTRIBUTED_ONLY, HOST_FIELDS), which the
 # groups replace; actor_device joined EMBEDDED_ONLY in 31d56f0.
@@ -52,6 +54,8 @@ OLD_DISTRIBUTED_ONLY = {"num_actors", "inference", "num_inference_servers", "inf
                         "variable_update_period", "lp_launch_type", "launcher", "hosts", "placement", "host_command",
                         "host_deadline_seconds", "max_restarts", "restart_backoff_seconds", "service_deadline_seconds"}
 OLD_HOST_FIELDS = {"launcher", "hosts", "placement", "host_command", "host_deadline_seconds"}
+# Distributed-only fields added since, which the old rule would have listed there.
+OLD_DISTRIBUTED_ONLY |= {"engine", "ray_address"}
 
 # One config of each mode.
 RUNS = {
@@ -94,7 +98,7 @@ def test_the_groups_are_the_configs_fields_once_each_and_the_help_headings():
   names = [f.name for f in dataclasses.fields(ExperimentConfig)]
   assert sorted(names) == sorted(n for g in GROUPS for n in g.fields()) and len(set(names)) == len(names)
   assert names[:4] == ["agent", "env", "seed", "steps"] and names[-1] == "backend"  # the groups' order
-  assert FIELD_GROUPS[3] == ("distributed", "the Launchpad program (--distributed)", tuple(
+  assert FIELD_GROUPS[3] == ("distributed", "the distributed program (--distributed)", tuple(
       f.name for f in dataclasses.fields(DistributedSettings)))
   assert config.GROUP_OF["num_actors"].cls is DistributedSettings and config.GROUP_OF["hosts"].cls is LauncherSettings
   # Defaults and help comments are the groups' own.
@@ -199,13 +203,13 @@ def test_the_groups_refuse_what_the_hand_kept_sets_refused_and_a_device_runs_lau
 
 
 @pytest.mark.parametrize("mode,name,message", [
-    (EMBEDDED, "num_actors", "--num_actors belongs to the 'distributed' settings (the Launchpad program), which an "
+    (EMBEDDED, "num_actors", "--num_actors belongs to the 'distributed' settings (the distributed program), which an "
                              "embedded run does not use: add --distributed or drop it"),
     (EMBEDDED, "placement", "--placement belongs to the 'launcher' settings (where a run's processes go), which an "
                             "embedded run does not use: add --distributed or drop it"),
     (DEVICE, "hosts", "--hosts belongs to the 'launcher' settings (where a run's processes go), which a device run "
                       "on one host does not use: add --launcher slurm (or template) or drop it"),
-    (DEVICE_HOSTS, "max_restarts", "--max_restarts belongs to the 'distributed' settings (the Launchpad program), "
+    (DEVICE_HOSTS, "max_restarts", "--max_restarts belongs to the 'distributed' settings (the distributed program), "
                                    "which a device run over hosts does not use: use --distributed instead of "
                                    "--backend device or drop it"),
     (DISTRIBUTED, "process_id", "--process_id of the 'learner' settings applies to embedded, device and device over "
@@ -224,7 +228,7 @@ def test_a_field_given_for_the_wrong_mode_fails_in_one_line_and_writes_nothing(t
   """As users type it: from their own folder, no --run_dir (the run would go to ./runs/...)."""
   env = {**os.environ, "PYTHONPATH": ROOT}
   cases = {
-      ("--num_actors", "3"): "--num_actors belongs to the 'distributed' settings (the Launchpad program), which an "
+      ("--num_actors", "3"): "--num_actors belongs to the 'distributed' settings (the distributed program), which an "
                              "embedded run does not use: add --distributed or drop it",
       ("--backend", "device", "--env", "gymnax:CartPole-v1", "--hosts", "a,b"):
           "--hosts belongs to the 'launcher' settings (where a run's processes go), which a device run on one host "

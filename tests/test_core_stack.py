@@ -42,9 +42,15 @@ def test_a_plain_run_replays_from_the_seeded_buffer_and_its_summary_names_the_st
 
 
 def _readme_commands_needing_the_full_stack():
+  """The README's commands that launch a Launchpad program (a launcher of Launchpad's); its plain
+  --distributed runs on Ray on this stack (tests/test_ray_engine.py runs it)."""
   sys.path.insert(0, str(ROOT / "tests"))
   import test_readme  # the README's commands, as its test finds them
-  return [c for c in test_readme.COMMANDS if c.startswith(".venv/bin/python") and "--distributed" in c]
+  return [c for c in test_readme.COMMANDS if c.startswith(".venv/bin/python") and "--launcher" in c]
+
+
+def test_the_readme_has_a_launchpad_only_command_to_check():
+  assert _readme_commands_needing_the_full_stack(), "the README's Slurm command is the one this file checks"
 
 
 @pytest.mark.parametrize("command", _readme_commands_needing_the_full_stack())

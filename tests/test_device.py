@@ -189,7 +189,7 @@ def test_an_env_of_your_own_runs_in_the_loop_and_is_learned(tmp_path):
   assert [int(policy(np.asarray([0.0, side], np.float32))) for side in (-1.0, 1.0)] == [0, 1]
 
 
-@pytest.mark.in_pairs
+@pytest.mark.long  # a learning run; its wiring: R2D2's device digests (bench/digests.py) and its resume test
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_r2d2_learns_gymnax_cartpole_in_the_loop(tmp_path):

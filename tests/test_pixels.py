@@ -224,7 +224,7 @@ def test_bad_pixel_input_gives_one_line_and_status_2(tmp_path):
   assert not (tmp_path / "never").exists()
 
 
-@pytest.mark.in_pairs
+@pytest.mark.long  # a learning run of minutes on a slow 2-core box; its wiring: the MinAtar torso tests here
 @pytest.mark.slow
 def test_ppo_learns_minatar_breakout(tmp_path):
   """PPO with MinAtar's small CNN on bool planes reaches a greedy return of 5 within 150k env steps

@@ -228,7 +228,7 @@ def test_bad_input_on_the_command_line_gives_one_line_and_status_2(tmp_path, arg
   assert not (tmp_path / "never").exists()
 
 
-@pytest.mark.in_pairs
+@pytest.mark.long  # a learning run; its wiring: a resumed seeded run's bytes and the distributed run here
 @pytest.mark.slow
 def test_r2d2_learns_masked_cartpole_where_it_needs_memory(tmp_path):
   """A short seeded run: feed-forward DQN stays near 50 on this task for 200k env steps

@@ -64,9 +64,11 @@ def test_reverb_run_writes_the_run_directory(tmp_path):
   assert all(0 < loss < float("inf") for loss in losses), losses
 
 
+# DQN's and SAC's are learning runs of minutes on a slow 2-core box (make test-long); the same wiring runs in
+# this file's shorter runs, and `make train` (DQN, 50k env steps) must reach 475 in CI's core view.
 @pytest.mark.parametrize("agent, env, steps, eval_every, threshold", [
-    ("dqn", "CartPole-v1", 50_000, 2_500, None),      # gymnasium's threshold: 475
-    ("sac", "Pendulum-v1", 20_000, 2_000, -200.0),
+    pytest.param("dqn", "CartPole-v1", 50_000, 2_500, None, marks=pytest.mark.long),  # gymnasium's threshold: 475
+    pytest.param("sac", "Pendulum-v1", 20_000, 2_000, -200.0, marks=pytest.mark.long),
     ("ppo", "CartPole-v1", 100_000, 5_000, None),
     ("impala", "CartPole-v1", 200_000, 10_000, None),
 ])

@@ -171,7 +171,7 @@ def test_discrete_actions_and_bad_fields_are_refused():
     assert raised.value.field == field
 
 
-@pytest.mark.in_pairs
+@pytest.mark.long  # a learning run; its wiring: this file's fast tests and the embedded runs of tests/test_runs.py
 @pytest.mark.slow
 def test_td3_reaches_minus_200_on_pendulum_within_30k_steps(tmp_path):
   from jrl.experiment.config import ExperimentConfig
@@ -183,7 +183,7 @@ def test_td3_reaches_minus_200_on_pendulum_within_30k_steps(tmp_path):
   assert summary["steps_to_threshold"] is not None and summary["best_eval_return"] >= -200.0, summary
 
 
-@pytest.mark.in_pairs
+@pytest.mark.long  # a learning run; its wiring: the device loop's tests (tests/test_device.py)
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_td3_reaches_minus_200_on_gymnax_pendulum_on_device(tmp_path):

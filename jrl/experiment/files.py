@@ -14,7 +14,6 @@ import tempfile
 from typing import Any, Callable, Dict
 
 from jrl.errors import ConfigError
-from jrl.replay.checkpoint_names import REVERB_REPLAY_DIR  # noqa: F401 (a checkpoint's replay/reverb/)
 
 CONFIG_FILE = "config.json"
 SUMMARY_FILE = "summary.json"

@@ -28,7 +28,8 @@ from jrl.experiment.builder import build_acting_parts, example_item, make_actor,
 from jrl.experiment.checkpoint import CheckpointInfo, Checkpointer
 from jrl.experiment.checkpoint_formats import write as write_data
 from jrl.experiment.config import ExperimentConfig
-from jrl.experiment.files import CHECKPOINTS_DIR, REPORT_FILE, REVERB_REPLAY_DIR
+from jrl.experiment.files import CHECKPOINTS_DIR, REPORT_FILE
+from jrl.replay.checkpoint_names import REVERB_REPLAY_DIR
 from jrl.run.core import RunCore
 from jrl.learners import distributed, sharding
 from jrl.learners.learner import Learner, params_digest

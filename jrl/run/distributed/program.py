@@ -24,7 +24,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 import launchpad as lp
 
 from jrl.experiment.config import ExperimentConfig
-from jrl.experiment.files import REVERB_REPLAY_DIR
+from jrl.replay.checkpoint_names import REVERB_REPLAY_DIR
 from jrl.run.distributed.actor_node import ActorNode
 from jrl.run.distributed.counter import Counter
 from jrl.run.distributed.driver_node import DriverNode

@@ -22,11 +22,11 @@ import time
 import traceback
 from typing import Any, Callable, Dict, Sequence, Tuple
 
+import cloudpickle
 import ray
 
-from jrl.replay.service import ServedReplayClient
-from jrl.run.distributed.node_env import INCARNATION_ENV, RUN_DIR_ENV
-from jrl.run.distributed.sessions import RESTARTS_FILE
+# Nothing that imports JAX: a RayNode's process confines JAX (its environment) before it unpickles its node.
+from jrl.run.distributed.node_env import INCARNATION_ENV, RESTARTS_FILE, RUN_DIR_ENV
 
 _STOP = threading.Event()  # this process's node: set once the program stops
 
@@ -68,7 +68,8 @@ class RayEngine:
   def handle(self, raw) -> RayHandle:
     return raw
 
-  def replay(self, raw: RayHandle) -> ServedReplayClient:
+  def replay(self, raw: RayHandle):
+    from jrl.replay.service import ServedReplayClient
     return ServedReplayClient(raw)
 
   def stop_event(self) -> threading.Event:
@@ -101,14 +102,22 @@ def _count_restart(run_dir: str, name: str) -> int:
   return len(rows) + 1
 
 
-class RayNode:
-  """One node of a program, in the Ray actor process this is: see the module docstring."""
+def node_payload(factory: Callable, args: Sequence[Any], kwargs: Dict[str, Any]) -> bytes:
+  """What a RayNode builds its node from, pickled here and unpickled in its process once its
+  environment is set (unpickling the node's class imports JAX)."""
+  return cloudpickle.dumps((factory, tuple(args), dict(kwargs)))
 
-  def __init__(self, name: str, factory: Callable, args: Sequence[Any], kwargs: Dict[str, Any], run_dir: str,
-               env: Dict[str, str]):
+
+class RayNode:
+  """One node of a program, in the Ray actor process this is: see the module docstring. `env` is
+  set before the node is unpickled from `payload` (`node_payload`): JAX confined to the CPU for the
+  roles without accelerators; Ray has set CUDA_VISIBLE_DEVICES for those with."""
+
+  def __init__(self, name: str, payload: bytes, run_dir: str, env: Dict[str, str]):
     self.name = name
     os.environ.update(env)
     os.environ[RUN_DIR_ENV] = run_dir
+    os.environ.setdefault("JRL_HOST", ray.util.get_node_ip_address())  # the host column of its metrics
     restarted = ray.get_runtime_context().was_current_actor_reconstructed
     incarnation = _count_restart(run_dir, name) if restarted else 0
     os.environ[INCARNATION_ENV] = str(incarnation)
@@ -125,7 +134,14 @@ class RayNode:
     os.makedirs(pids, exist_ok=True)
     with open(os.path.join(pids, f"{group}-{index}"), "w") as f:
       f.write(f"{os.getpid()}\n")
+    factory, args, kwargs = cloudpickle.loads(payload)
     self._node = factory(*args, **kwargs)
+
+  def devices(self) -> str:
+    """This process's devices, as `jrl.accelerators.describe` names them: 'cuda:0' where Ray gave it a GPU
+    (its CUDA_VISIBLE_DEVICES), else 'cpu'."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    return f"cuda:{visible}" if visible else "cpu"
 
   def call(self, method: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     return getattr(self._node, method)(*args, **kwargs)
@@ -147,5 +163,6 @@ class RayNode:
   def pid(self) -> int:
     return os.getpid()
 
-  def node_ip(self) -> str:
-    return ray.util.get_node_ip_address()
+  def where(self) -> Tuple[str, str]:
+    """(this process's Ray node id, that node's address): the host it runs on."""
+    return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()

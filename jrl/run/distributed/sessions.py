@@ -11,6 +11,7 @@ from jrl.experiment.checkpoint import Checkpointer, checkpoint_to_resume
 from jrl.experiment.config import ExperimentConfig
 from jrl.experiment.files import prepare_run_dir
 from jrl.experiment.logging import cut_rows
+from jrl.run.distributed.node_env import RESTARTS_FILE
 from jrl.run.distributed.node_io import Session
 
 
@@ -21,10 +22,6 @@ class ProgramStopped(KeyboardInterrupt):
   def __init__(self, run_dir: str, signum: Optional[int] = None):
     super().__init__(run_dir)
     self.run_dir, self.signum = run_dir, signum
-
-
-# Every engine's restarted nodes add a row here: node, incarnation, when, why (launch.supervisor's columns).
-RESTARTS_FILE = os.path.join("metrics", "restarts.csv")
 
 
 def prepare_session(exp: ExperimentConfig, agent_cfg) -> Tuple[Session, Optional[Dict[str, Any]]]:
