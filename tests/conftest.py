@@ -76,19 +76,7 @@ def pytest_ignore_collect(collection_path, config):
   return None
 
 
-# The slow tier runs on two pytest-xdist workers with `--dist loadgroup` (make test-all): each test file
-# is a group of its own (its module fixtures and the order of its tests hold, as under loadfile), and
-# every test on the Slurm test cluster is in one group across files, since the cluster's hosts (network
-# namespaces with fixed names and addresses, scripts/slurm_test_cluster.sh) exist once per machine.
-SLURM_GROUP = "slurm-test-cluster"
-
-
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-  for item in items:
-    if item.get_closest_marker("xdist_group") is None:
-      group = SLURM_GROUP if "slurm" in getattr(item, "fixturenames", ()) else item.location[0]
-      item.add_marker(pytest.mark.xdist_group(group))
   excluded = CORE_EXCLUDED if config.getoption("--core") else FULL_EXCLUDED
   kept, deselected = [], []
   for item in items:

@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 
+import psutil
 import pytest
 
 from jrl.accelerators import ray_gpus
@@ -51,9 +52,18 @@ def test_ray_gpus_places_learners_and_servers_as_one_host_does():
 RAY_TOKEN_ENV = {**os.environ, "RAY_AUTH_MODE": "token"}
 
 
+ON_RAY = [sys.executable, "-m", "launch.train", "--distributed", "--engine", "ray"]
+
+
 def _train(args, timeout=600, env=None, **kwargs):
-  return subprocess.run([sys.executable, "-m", "launch.train", "--distributed", "--engine", "ray", *args], cwd=ROOT,
-                        text=True, capture_output=True, timeout=timeout, env=env, **kwargs)
+  return subprocess.run([*ON_RAY, *args], cwd=ROOT, text=True, capture_output=True, timeout=timeout, env=env,
+                        **kwargs)
+
+
+def _launch(args):
+  """A run on Ray left running (to be killed or stopped), its output piped."""
+  return subprocess.Popen([*ON_RAY, *SMALL, "--num_actors", "2", *args], cwd=ROOT, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def _summary(run_dir):
@@ -109,9 +119,7 @@ def _actor_steps(run_dir, actor):
 @pytest.mark.needs_ray
 def test_an_actor_killed_with_sigkill_is_restarted_by_ray_and_named_in_the_summary(tmp_path):
   run_dir = str(tmp_path / "killed")
-  launch = subprocess.Popen([sys.executable, "-m", "launch.train", "--distributed", "--engine", "ray", *SMALL,
-                             "--num_actors", "2", "--steps", "6000", "--eval_every", "3000", "--run_dir", run_dir],
-                            cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  launch = _launch(["--steps", "6000", "--eval_every", "3000", "--run_dir", run_dir])
   _wait_for(lambda: _actor_steps(run_dir, 0) > 200)
   with open(os.path.join(run_dir, "logs", "pids", "actor-0")) as f:
     victim = int(f.read())
@@ -157,23 +165,19 @@ def test_two_gpus_declared_on_a_cpu_machine_go_to_the_learner_and_the_server_and
 def _kill_processes_naming(folder):
   """Ends the Ray started under FOLDER (its GCS, raylet and workers name it in their arguments), and no
   other: `ray stop` would end every Ray on the machine, another test's too."""
-  for pid in os.listdir("/proc"):
-    try:
-      with open(f"/proc/{pid}/cmdline", "rb") as f:
-        named = folder.encode() in f.read()
-      if named and int(pid) != os.getpid():
-        os.kill(int(pid), signal.SIGKILL)
-    except (FileNotFoundError, ProcessLookupError, PermissionError, ValueError, NotADirectoryError):
-      pass
+  for proc in psutil.process_iter(["cmdline"]):
+    if folder in " ".join(proc.info["cmdline"] or []) and proc.pid != os.getpid():
+      try:
+        proc.kill()
+      except psutil.Error:  # ended meanwhile
+        pass
 
 
 @pytest.mark.slow
 @pytest.mark.needs_ray
 def test_sigterm_has_the_learner_checkpoint_first_and_resume_continues(tmp_path):
   run_dir = str(tmp_path / "stopped")
-  launch = subprocess.Popen([sys.executable, "-m", "launch.train", "--distributed", "--engine", "ray", *SMALL,
-                             "--num_actors", "2", "--steps", "100000", "--eval_every", "5000", "--run_dir", run_dir],
-                            cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  launch = _launch(["--steps", "100000", "--eval_every", "5000", "--run_dir", run_dir])
   _wait_for(lambda: _actor_steps(run_dir, 0) > 700)
   launch.send_signal(signal.SIGTERM)
   out, err = launch.communicate(timeout=300)
@@ -254,13 +258,11 @@ def two_ray_hosts(tmp_path):
 @needs_hosts
 @pytest.mark.skip(reason="not done: once node2's processes are killed the launcher does not end (it waited past 300 s "
                          "here); the host watch must see Ray's dead node and stop the program (issue 54)")
-@pytest.mark.xdist_group("slurm-test-cluster")  # the test hosts exist once per machine (tests/conftest.py)
 def test_a_program_over_two_ray_hosts_names_the_lost_one_and_resumes_from_its_checkpoint(two_ray_hosts, tmp_path):
   address, start_worker, in_host = two_ray_hosts
   run_dir = str(tmp_path / "two-hosts")
-  launch = subprocess.Popen(in_host(1, [sys.executable, "-m", "launch.train", "--distributed", "--engine", "ray",
-                                        *SMALL, "--num_actors", "2", "--steps", "100000", "--eval_every", "5000",
-                                        "--checkpoint_every_steps", "1000", "--ray_address", address,
+  launch = subprocess.Popen(in_host(1, [*ON_RAY, *SMALL, "--num_actors", "2", "--steps", "100000", "--eval_every",
+                                        "5000", "--checkpoint_every_steps", "1000", "--ray_address", address,
                                         "--run_dir", run_dir]),
                             cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
   _wait_for(lambda: os.path.isdir(os.path.join(run_dir, "checkpoints")) and any(
