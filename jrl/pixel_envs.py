@@ -8,8 +8,10 @@ suffix names another one (`ALE/Pong-v5@none` is the raw ALE env). Presets:
   each action repeated 4 frames with the max over the last two, 84x84 grayscale, the last 4
   frames stacked channels-last: observations (84, 84, 4) uint8. In training a lost life ends
   the episode (terminated, so no bootstrap) and the next reset continues the same game with a
-  no-op step; evaluation plays whole games. Rewards are not clipped here: that is the agents'
-  `reward_clip` option, so evaluation returns are game scores.
+  no-op step; evaluation plays whole games. Games with a FIRE action press it at every reset, in
+  training and evaluation alike (`FireReset`). Rewards are not clipped here: that is the agents'
+  `reward_clip` option, so evaluation returns are game scores. An episode ends (truncated) at
+  ALE v5's 108,000 frames, 27,000 agent steps (`episode_step_cap`).
 - `minatar`: the MinAtar env as the `minatar` package registers it ((10, 10, C) bool object
   planes, channels last; its own sticky actions, 0.1), truncated at 10,000 steps (MinAtar has
   no time limit, and a greedy policy that keeps the ball would never end an evaluation).
@@ -29,6 +31,11 @@ from jrl.errors import ConfigError
 PRESETS = ("atari", "minatar", "none")
 MINATAR_MAX_STEPS = 10_000
 FRAME_STACK = 4
+FRAME_SKIP = 4
+# ALE v5's own episode limit (max_num_frames_per_episode), as Machado et al. (2018) and Dopamine
+# cap an episode: 30 minutes of play at 60 frames a second.
+ATARI_MAX_EPISODE_FRAMES = 108_000
+ATARI_MAX_EPISODE_STEPS = ATARI_MAX_EPISODE_FRAMES // FRAME_SKIP  # 27,000 agent steps
 
 
 def split_preset(env_id: str) -> Tuple[str, Optional[str]]:
@@ -54,6 +61,14 @@ def frame_stack(env_id) -> int:
   if not isinstance(env_id, str):
     return 0
   return FRAME_STACK if split_preset(env_id)[1] == "atari" else 0
+
+
+def episode_step_cap(env_id) -> Optional[int]:
+  """The most agent steps an episode of `env_id` lasts under its preset (`atari`: 27,000), the cap
+  an evaluation holds every episode to; None where the env's own time limit is the only one."""
+  if not isinstance(env_id, str):
+    return None
+  return ATARI_MAX_EPISODE_STEPS if split_preset(env_id)[1] == "atari" else None
 
 
 def register(env_id: str) -> None:
@@ -102,6 +117,32 @@ class EpisodicLife(gym.Wrapper):
     return obs, info
 
 
+class FireReset(gym.Wrapper):
+  """Presses FIRE (then action 2) after every reset, for games that wait for FIRE to start (Breakout
+  launches no ball without it: a policy that never presses FIRE would play to the episode cap). As
+  OpenAI Baselines' FireResetEnv, which SB3 and CleanRL use: the two steps' rewards are dropped, and
+  a step that ends the episode resets again."""
+
+  def __init__(self, env: gym.Env):
+    super().__init__(env)
+    meanings = env.unwrapped.get_action_meanings()
+    if meanings[1:2] != ["FIRE"] or len(meanings) < 3:
+      raise ValueError(f"FireReset needs action 1 to be FIRE and 3 actions or more, got {meanings}")
+
+  def reset(self, **kwargs):
+    self.env.reset(**kwargs)
+    for action in (1, 2):
+      obs, _, terminated, truncated, info = self.env.step(action)
+      if terminated or truncated:
+        obs, info = self.env.reset(**kwargs)
+    return obs, info
+
+
+def needs_fire(env: gym.Env) -> bool:
+  """Whether an ALE game has a FIRE action (the games FireReset is for, as SB3 picks them)."""
+  return "FIRE" in env.unwrapped.get_action_meanings()
+
+
 class ChannelsLast(gym.ObservationWrapper):
   """Stacked frames (k, H, W) -> (H, W, k), the layout of the image torsos."""
 
@@ -124,6 +165,8 @@ def make_env(env_id: str, preset: Optional[str], evaluation: bool = False, **mak
     env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
     if not evaluation:
       env = EpisodicLife(env)
+    if needs_fire(env):  # outside EpisodicLife: FIRE after a lost life's reset too, in training
+      env = FireReset(env)
     return ChannelsLast(gym.wrappers.FrameStackObservation(env, FRAME_STACK))
   if preset == "minatar":
     return gym.wrappers.TimeLimit(gym.make(env_id, **make_kwargs), MINATAR_MAX_STEPS)

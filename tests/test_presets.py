@@ -90,8 +90,8 @@ def _train(args, cwd):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--agent", "dqn", "--preset", "atari"],
-     "python -m launch.train: error: preset: no preset 'atari' (dqn's presets: minatar)"),
+    (["--agent", "dqn", "--preset", "mujoco"],
+     "python -m launch.train: error: preset: no preset 'mujoco' (dqn's presets: atari, minatar)"),
     (["--agent", "pqn", "--preset", "minatar"],
      "python -m launch.train: error: preset: 'minatar' is a preset of dqn, ppo, not of pqn (pqn has no presets)"),
 ])

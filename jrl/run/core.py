@@ -14,7 +14,9 @@ one loop every in-process run follows:
     evaluate the final parameters, checkpoint, save the final policy
 
 Ctrl-C or SIGTERM stops the loop after the advance under way and checkpoints there
-(`jrl.experiment.interrupt`): an interrupted run continues with --resume.
+(`jrl.experiment.interrupt`): an interrupted run continues with --resume. An evaluation under way
+is abandoned (`stop_requested`, asked by the evaluator at every step): the checkpoint is of the
+last whole advance with that evaluation still due, and the resumed run makes it first.
 
 The distributed program's driver node runs the same loop over the program: its advance waits for
 the counter's env steps to move, its checkpoints are the learner node's (written where the
@@ -35,6 +37,7 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Pro
 import numpy as np
 
 from jrl import seeding
+from jrl.actors.evaluator import EvaluationAbandoned
 from jrl.experiment import files, plots
 from jrl.experiment.background import BackgroundWriter
 from jrl.experiment.bookkeeping import EvalHistory
@@ -226,6 +229,16 @@ class RunCore:
     self.writer = writer
     self._start = time.monotonic()
     self.checkpointed: Tuple[int, Optional[str]] = (-1, None)  # env steps and path of this session's newest
+    self._interrupts: Optional[Interrupts] = None  # drive's, while it runs
+
+  def stop_requested(self) -> bool:
+    """Whether a signal asked the run to stop (Ctrl-C, SIGTERM during `drive`): the evaluator's
+    stop predicate, for a long evaluation to end within a step of it."""
+    return self._interrupts is not None and self._interrupts.signum is not None
+
+  def eval_progress(self, text: str) -> None:
+    """A long evaluation's progress line (`Evaluator`'s `progress`; silent where progress lines are)."""
+    self.progress.maybe_print(text, force=True)
 
   @property
   def resumed(self) -> bool:
@@ -318,10 +331,14 @@ class RunCore:
       save_policy(self.run_dir, name, params, {"actor_steps": env_steps, "learner_steps": learner_steps, **extra})
 
   def evaluate(self, driver: Driver) -> None:
-    """Evaluates the driver's parameters now (`driver.evaluate`) and records it."""
+    """Evaluates the driver's parameters now (`driver.evaluate`) and records it; records nothing
+    when the evaluation was abandoned at a stop (it stays due)."""
     with self.timer.phase(EVAL):
       params = driver.params()
-      returns, index = driver.evaluate(params)
+      try:
+        returns, index = driver.evaluate(params)
+      except EvaluationAbandoned:
+        return
       columns = getattr(driver, "evaluation_columns", None)
       self.record_evaluation(driver, returns, index, params, columns=columns() if columns is not None else None)
 
@@ -410,6 +427,10 @@ class RunCore:
     take (a node of the distributed program, which Launchpad stops with SIGTERM)."""
     try:
       with Interrupts() if signals else contextlib.nullcontext(Interrupts()) as interrupts:
+        self._interrupts = interrupts
+        if self.evaluation_left_due(driver):  # an interrupted session abandoned it: made before going on
+          self.evaluate(driver)
+          self.interrupted(driver, interrupts.signum)
         while not self.over(driver):
           driver.advance(self)
           if self.after_advance(driver):
@@ -417,7 +438,13 @@ class RunCore:
           self.interrupted(driver, interrupts.signum)
         return self.conclude(driver)
     finally:
+      self._interrupts = None
       self.close(driver)
+
+  def evaluation_left_due(self, driver: Driver) -> bool:
+    """Whether an evaluation is due at the driver's steps and was not made there: a checkpoint
+    written at a stop that abandoned it (every other checkpoint follows its steps' evaluation)."""
+    return driver.env_steps >= self.books.next_eval and self.books.last_eval_steps != driver.env_steps
 
   def interrupted(self, driver: Driver, signum: Optional[int]) -> None:
     """Between advances: at a signal (`Interrupts.signum`; every process takes the first's

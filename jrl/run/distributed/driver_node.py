@@ -48,7 +48,8 @@ class ProgramDriver:
     core.restore_books(books)
     core.books.sessions = session.number
     self.evaluator = Evaluator(exp.env, parts.agent.make_policy(parts.networks, agent_cfg, evaluation=True),
-                               exp.eval_episodes, seed=core.evaluator_seed, first_index=core.books.history.count)
+                               exp.eval_episodes, seed=core.evaluator_seed, first_index=core.books.history.count,
+                               should_stop=stop.is_set, progress=core.eval_progress)  # the program's stop
     self.over: bool = self._wait(counter.future("over"))  # before the counts: see _look
     self._counts: Dict[str, float] = self._wait(counter.future("get_counts"))
     self._last_time = time.monotonic()
