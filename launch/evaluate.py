@@ -122,7 +122,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     returns = device_returns(exp, policy, snapshot.params, episodes, seed, index)
     resets = f"envs reset with the key of seed {seed} and evaluation {index}, on device"
   else:
-    evaluator = Evaluator(exp.env, policy, episodes, seed, first_index=index)
+    evaluator = Evaluator(exp.env, policy, episodes, seed, first_index=index,
+                          progress=lambda line: print(f"[evaluate] {line}", flush=True))  # long Atari games
     try:
       returns = evaluator.run(snapshot.params)
     finally:
