@@ -428,14 +428,18 @@ class RunCore:
     try:
       with Interrupts() if signals else contextlib.nullcontext(Interrupts()) as interrupts:
         self._interrupts = interrupts
-        if self.evaluation_left_due(driver):  # an interrupted session abandoned it: made before going on
-          self.evaluate(driver)
-          self.interrupted(driver, interrupts.signum)
-        while not self.over(driver):
-          driver.advance(self)
+
+        def settle() -> bool:  # after an advance: whether the run stops here; RunInterrupted at a signal
           if self.after_advance(driver):
-            break
+            return True
           self.interrupted(driver, interrupts.signum)
+          return False
+
+        # A checkpoint of a stop that abandoned an evaluation: the run goes on from the end of that advance.
+        stopped = self.evaluation_left_due(driver) and settle()
+        while not stopped and not self.over(driver):
+          driver.advance(self)
+          stopped = settle()
         return self.conclude(driver)
     finally:
       self._interrupts = None
@@ -477,6 +481,8 @@ class RunCore:
     them), a checkpoint and the final policy; returns the final parameters."""
     if self.books.last_eval_steps != driver.env_steps:
       self.evaluate(driver)
+      if self._interrupts is not None:  # a stop during the final evaluation: the run is not over
+        self.interrupted(driver, self._interrupts.signum)
     self.checkpoint(driver)
     final_params = driver.params()
     self._snapshot("final", final_params, driver, **self.books.last_eval)
