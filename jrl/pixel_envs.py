@@ -8,8 +8,9 @@ suffix names another one (`ALE/Pong-v5@none` is the raw ALE env). Presets:
   each action repeated 4 frames with the max over the last two, 84x84 grayscale, the last 4
   frames stacked channels-last: observations (84, 84, 4) uint8. In training a lost life ends
   the episode (terminated, so no bootstrap) and the next reset continues the same game with a
-  no-op step; evaluation plays whole games. Games with a FIRE action press it at every reset, in
-  training and evaluation alike (`FireReset`). Rewards are not clipped here: that is the agents'
+  no-op step; evaluation plays whole games. Games with a FIRE action press it to start play
+  (`FireReset`): at every reset, so in training after every lost life, and in evaluation after a
+  lost life too (a policy trained so never learns to press FIRE itself). Rewards are not clipped here: that is the agents'
   `reward_clip` option, so evaluation returns are game scores. An episode ends (truncated) at
   ALE v5's 108,000 frames, 27,000 agent steps (`episode_step_cap`).
 - `minatar`: the MinAtar env as the `minatar` package registers it ((10, 10, C) bool object
@@ -117,25 +118,47 @@ class EpisodicLife(gym.Wrapper):
     return obs, info
 
 
-class FireReset(gym.Wrapper):
-  """Presses FIRE (then action 2) after every reset, for games that wait for FIRE to start (Breakout
-  launches no ball without it: a policy that never presses FIRE would play to the episode cap). As
-  OpenAI Baselines' FireResetEnv, which SB3 and CleanRL use: the two steps' rewards are dropped, and
-  a step that ends the episode resets again."""
+FIRE_STEPS = (1, 2)  # FIRE, then action 2, as OpenAI Baselines' FireResetEnv
 
-  def __init__(self, env: gym.Env):
+
+class FireReset(gym.Wrapper):
+  """Presses FIRE (then action 2) after every reset, for games that wait for FIRE to start play
+  (Breakout launches no ball without it: a policy that never presses FIRE plays to the episode
+  cap). As OpenAI Baselines' FireResetEnv, which SB3 and CleanRL use: the two steps' rewards are
+  dropped, and a step that ends the episode resets again.
+
+  `after_lost_life`: FIRE also after a step that loses a life and not the game (evaluation's whole
+  games; in training a lost life ends the episode and its reset presses FIRE), the two steps'
+  rewards added to that step's: evaluation plays as training did, as CleanRL's evaluations do."""
+
+  def __init__(self, env: gym.Env, after_lost_life: bool = False):
     super().__init__(env)
     meanings = env.unwrapped.get_action_meanings()
     if meanings[1:2] != ["FIRE"] or len(meanings) < 3:
       raise ValueError(f"FireReset needs action 1 to be FIRE and 3 actions or more, got {meanings}")
+    self._after_lost_life = after_lost_life
+    self._lives = 0
 
   def reset(self, **kwargs):
     self.env.reset(**kwargs)
-    for action in (1, 2):
+    for action in FIRE_STEPS:
       obs, _, terminated, truncated, info = self.env.step(action)
       if terminated or truncated:
         obs, info = self.env.reset(**kwargs)
+    self._lives = self.env.unwrapped.ale.lives()
     return obs, info
+
+  def step(self, action):
+    obs, reward, terminated, truncated, info = self.env.step(action)
+    lives = self.env.unwrapped.ale.lives()
+    if self._after_lost_life and lives < self._lives:
+      for fire in FIRE_STEPS:
+        if terminated or truncated:
+          break
+        obs, more, terminated, truncated, info = self.env.step(fire)
+        reward += more
+    self._lives = self.env.unwrapped.ale.lives()
+    return obs, reward, terminated, truncated, info
 
 
 def needs_fire(env: gym.Env) -> bool:
@@ -165,8 +188,8 @@ def make_env(env_id: str, preset: Optional[str], evaluation: bool = False, **mak
     env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
     if not evaluation:
       env = EpisodicLife(env)
-    if needs_fire(env):  # outside EpisodicLife: FIRE after a lost life's reset too, in training
-      env = FireReset(env)
+    if needs_fire(env):  # outside EpisodicLife: in training a lost life's reset presses it
+      env = FireReset(env, after_lost_life=evaluation)
     return ChannelsLast(gym.wrappers.FrameStackObservation(env, FRAME_STACK))
   if preset == "minatar":
     return gym.wrappers.TimeLimit(gym.make(env_id, **make_kwargs), MINATAR_MAX_STEPS)

@@ -131,24 +131,29 @@ def test_eval_epsilon_draws_random_actions_at_its_rate_from_the_key(epsilon):
   assert not np.asarray(action).any()
 
 
-def _lives_under_noops(env_id, evaluation, steps=100):
+def _episode_ends_under_noops(env_id, evaluation, steps=200):
+  """The steps (1-based) at which episodes ended, and the lives before each of those steps."""
   env = envs.make_vector_env(env_id, 1, seed=0, evaluation=evaluation)
   ale = env.envs[0].unwrapped.ale
-  lives = [ale.lives()]
-  for _ in range(steps):
-    env.step(np.array([NOOP]))
-    lives.append(ale.lives())
+  ends = []
+  for step in range(1, steps + 1):
+    lives = ale.lives()
+    _, _, terminated, truncated, _ = env.step(np.array([NOOP]))
+    if terminated[0] or truncated[0]:
+      ends.append((step, lives))
   env.close()
-  return lives
+  return ends
 
 
-def test_fire_is_pressed_at_reset_on_breakout_through_the_atari_preset():
-  # Under NOOPs the ball FIRE launched at reset is missed (a life lost, at step 22 with seed 0); in
-  # evaluation the game then waits for FIRE again. Raw Breakout under NOOPs launches no ball.
-  assert _lives_under_noops("ALE/Breakout-v5", evaluation=True)[-1] == 4
-  assert _lives_under_noops("ALE/Breakout-v5@none", evaluation=True)[-1] == 5
-  # Training: a lost life ends the episode and its reset presses FIRE again: a ball a life.
-  assert _lives_under_noops("ALE/Breakout-v5", evaluation=False)[-1] == 1
+def test_fire_is_pressed_at_reset_and_after_a_lost_life_on_breakout_through_the_atari_preset():
+  # Under NOOPs each ball FIRE launches is missed 23 steps later (seed 0; FIRE and RIGHT count as
+  # one step). Training: each lost life ends an episode, and its reset presses FIRE again.
+  assert _episode_ends_under_noops("ALE/Breakout-v5", evaluation=False)[:5] == [(23, 5), (46, 4), (69, 3), (92, 2),
+                                                                               (115, 1)]
+  # Evaluation: FIRE after each lost life too, so the whole game of 5 balls ends at the same step.
+  assert _episode_ends_under_noops("ALE/Breakout-v5", evaluation=True)[:1] == [(115, 1)]
+  # Raw Breakout: no FIRE, no ball, no end.
+  assert _episode_ends_under_noops("ALE/Breakout-v5@none", evaluation=True) == []
 
 
 def test_fire_reset_wraps_only_games_with_a_fire_action():
@@ -203,13 +208,15 @@ def _sigterm_during_first_evaluation(args, run_dir):
 @pytest.mark.slow
 def test_sigterm_during_a_breakout_evaluation_exits_143_within_10_s_and_resume_continues(tmp_path):
   # The atari preset, its first evaluation at 400 env steps (no learning: the replay fills to 5000
-  # first); the greedy policy of untrained parameters loses the ball FIRE launched and waits, so the
-  # evaluation runs on until the signal.
+  # first), of 32 whole games (a few hundred steps each for untrained parameters, 32 Nature CNN
+  # inputs a step: longer than the second after which it prints its first progress line).
   args = ["--agent", "dqn", "--env", "ALE/Breakout-v5", "--preset", "atari", "--steps", "2000",
-          "--eval_every", "400", "--eval_episodes", "2", "--min_replay_size", "5000", "--max_replay_size", "5000"]
+          "--eval_every", "400", "--eval_episodes", "32", "--min_replay_size", "5000", "--max_replay_size", "5000",
+          "--progress_seconds", "0.2"]
   run_dir = str(tmp_path / "run")
   status, seconds, err = _sigterm_during_first_evaluation(args, run_dir)
   assert status == 143 and seconds < 10, (status, seconds, err[-3000:])
+  assert not os.path.exists(os.path.join(run_dir, "policies", "best.msgpack"))  # no evaluation was recorded
   checkpoints = Checkpointer(run_dir).all()
   assert len(checkpoints) == 1
   steps = Checkpointer(run_dir).verify(checkpoints[0]).manifest["counters"]["actor_steps"]

@@ -20,8 +20,9 @@ from jrl.specs import env_action, observation_dtype
 from jrl.types import Params, PolicyFns
 
 # Seconds between an evaluation's progress lines: a long one (Atari: up to 27,000 steps) shows it is
-# alive, a short one (CartPole: a second) prints none.
-PROGRESS_SECONDS = 15.0
+# alive, a short one (CartPole: a second) prints none. A run's are its progress lines' cadence
+# (`RunCore.eval_progress_seconds`).
+PROGRESS_SECONDS = 10.0
 
 
 class EvaluationAbandoned(Exception):

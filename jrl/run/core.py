@@ -52,6 +52,7 @@ from jrl.learners.learner import params_digest
 from jrl.timing import CHECKPOINT, EVAL, NULL_TIMER
 
 ROLES = ("actor", "learner", "evaluator")
+EVAL_PROGRESS_LINES = 5  # an evaluation's progress line comes every 5 progress lines' seconds
 
 
 def evaluator_seed(seed: int) -> int:
@@ -239,6 +240,12 @@ class RunCore:
   def eval_progress(self, text: str) -> None:
     """A long evaluation's progress line (`Evaluator`'s `progress`; silent where progress lines are)."""
     self.progress.maybe_print(text, force=True)
+
+  @property
+  def eval_progress_seconds(self) -> float:
+    """Seconds between a long evaluation's progress lines (`Evaluator`'s `progress_seconds`): those of
+    EVAL_PROGRESS_LINES progress lines (10 s by default), so a short evaluation prints none."""
+    return EVAL_PROGRESS_LINES * self.exp.progress_seconds
 
   @property
   def resumed(self) -> bool:

@@ -181,7 +181,7 @@ class EmbeddedDriver:
                             dispatch_ahead=not exp.deterministic and asynchronous)
     self.evaluator = Evaluator(exp.env, agent.make_policy(networks, agent_cfg, evaluation=True),
                                exp.eval_episodes, seed=core.evaluator_seed, should_stop=core.stop_requested,
-                               progress=core.eval_progress)
+                               progress=core.eval_progress, progress_seconds=core.eval_progress_seconds)
     self.recent_returns: List[float] = []
     self.recent_lengths: List[int] = []
     self.learner_metrics: Dict[str, float] = {}

@@ -49,7 +49,8 @@ class ProgramDriver:
     core.books.sessions = session.number
     self.evaluator = Evaluator(exp.env, parts.agent.make_policy(parts.networks, agent_cfg, evaluation=True),
                                exp.eval_episodes, seed=core.evaluator_seed, first_index=core.books.history.count,
-                               should_stop=stop.is_set, progress=core.eval_progress)  # the program's stop
+                               should_stop=stop.is_set, progress=core.eval_progress,  # the program's stop
+                               progress_seconds=core.eval_progress_seconds)
     self.over: bool = self._wait(counter.future("over"))  # before the counts: see _look
     self._counts: Dict[str, float] = self._wait(counter.future("get_counts"))
     self._last_time = time.monotonic()
