@@ -20,21 +20,20 @@ train: setup
 # The fast tier (a few minutes): everything but the tests marked slow (learning to a threshold,
 # real Launchpad programs, Slurm, whole commands), one pytest worker per core (PARALLEL; a test
 # file's tests share a worker). `make test-all` runs both tiers (CI does): the fast one so, then the
-# slow one a test at a time (its programs and clusters each want the whole machine), except the slow
-# tests marked in_pairs (seeded bytes rather than timing decide them, and they start no Launchpad program
-# or cluster): two at a time, each worker taking the next test as it finishes one (worksteal: the
-# tier's tests run from seconds to minutes).
+# slow one two tests at a time (SLOW_PARALLEL; each worker takes the next test as it finishes one, and
+# the tests on the project's test hosts, which are one set per machine, run one after another on one
+# worker: tests/conftest.py's TEST_HOSTS_GROUP).
 # `make test-long` the learning runs of many minutes that CI leaves out (marked long).
 PARALLEL ?= -n auto --dist loadfile
+SLOW_PARALLEL ?= -n 2 --dist loadgroup
 
 test: setup
 	bash scripts/run_tests.sh -m "not slow" $(PARALLEL) $(PYTEST_ARGS)
 
 test-all: setup
 	bash scripts/run_tests.sh -m "not slow" $(PARALLEL) $(PYTEST_ARGS); fast=$$?; \
-	bash scripts/run_tests.sh -m "slow and not long and not in_pairs" $(PYTEST_ARGS); slow=$$?; \
-	bash scripts/run_tests.sh -m "slow and not long and in_pairs" -n 2 --dist worksteal $(PYTEST_ARGS); pairs=$$?; \
-	[ $$fast -eq 0 ] && [ $$slow -eq 0 ] && [ $$pairs -eq 0 ]
+	bash scripts/run_tests.sh -m "slow and not long" $(SLOW_PARALLEL) $(PYTEST_ARGS); slow=$$?; \
+	[ $$fast -eq 0 ] && [ $$slow -eq 0 ]
 
 # The distributed program on Ray (the core stack's engine; Ray does not install beside the full stack's
 # TensorFlow): its slow tests, from .venv where it has the core stack, else .venv-core.

@@ -2,9 +2,11 @@
 
 Tiers: tests that train to a threshold or start real programs (Launchpad, Slurm, whole
 `launch.*` commands) are marked `slow`. `make test` runs the rest (`-m "not slow"`, a few
-minutes); `make test-all` runs both (CI). Tests marked `long` as well (learning runs of many
-minutes, e.g. to a threshold across a three-host Slurm cluster) run only with `make test-long`;
-each has a short sibling in the slow tier that checks the same wiring.
+minutes); `make test-all` runs both (CI), the slow tier two tests at a time (`--dist loadgroup`:
+the tests on the project's test hosts one after another, `TEST_HOSTS_GROUP`). Tests marked `long`
+as well (learning runs of many minutes, e.g. to a threshold across a three-host Slurm cluster, and
+the benchmarks' own runs) run only with `make test-long`; each learning run has a short sibling in
+the slow tier that checks the same wiring.
 
 Stacks: tests that need the full stack (reverb, launchpad, TensorFlow: the jrl[distributed]
 extra, Python 3.10) are marked `needs_reverb`. `pytest --core` (the core stack, Python 3.11-3.13:
@@ -53,8 +55,6 @@ def pytest_configure(config):
   config.addinivalue_line("markers", "needs_ray: needs Ray (the core stack's engine; deselected on the full stack)")
   config.addinivalue_line("markers", "slow: trains to a threshold or starts real programs (make test-all)")
   config.addinivalue_line("markers", "long: a learning run of many minutes (make test-long; not in make test-all)")
-  config.addinivalue_line("markers", "in_pairs: a slow test whose outcome is seeded bytes, not timing, and which "
-                                     "starts no Launchpad program or cluster (make test-all runs these two at a time)")
 
 
 def pytest_report_header(config):
@@ -76,6 +76,13 @@ def pytest_ignore_collect(collection_path, config):
   return None
 
 
+# The fixtures of the project's test hosts (network namespaces 10.200.0.x: a Slurm cluster, or Ray nodes):
+# one set per machine, so their tests are one xdist group (`--dist loadgroup`: one worker runs them one
+# after another) and come first (they take the longest together; the other worker takes the rest meanwhile).
+TEST_HOSTS_FIXTURES = ("slurm", "two_ray_hosts")
+TEST_HOSTS_GROUP = "test_hosts"
+
+
 def pytest_collection_modifyitems(config, items):
   excluded = CORE_EXCLUDED if config.getoption("--core") else FULL_EXCLUDED
   kept, deselected = [], []
@@ -83,7 +90,10 @@ def pytest_collection_modifyitems(config, items):
     (deselected if any(item.get_closest_marker(m) for m in excluded) else kept).append(item)
   if deselected:
     config.hook.pytest_deselected(items=deselected)
-    items[:] = kept
+  on_hosts = [item for item in kept if set(TEST_HOSTS_FIXTURES) & set(getattr(item, "fixturenames", ()))]
+  for item in on_hosts:
+    item.add_marker(pytest.mark.xdist_group(TEST_HOSTS_GROUP))
+  items[:] = on_hosts + [item for item in kept if item not in on_hosts]  # the same order in every worker
 
 
 _passed = []  # tests that passed, as reported to this process (with -n: the controller hears every worker)

@@ -24,7 +24,6 @@ def _check(tmp_path, only):
 
 
 @pytest.mark.needs_gymnax
-@pytest.mark.in_pairs
 @pytest.mark.slow  # five arms, each a process of its own: about a minute and a half on two cores
 def test_the_quick_accelerator_check_runs_every_device_arm_and_writes_its_table(tmp_path):
   record, table = _check(tmp_path, "device")
@@ -50,7 +49,6 @@ def test_the_quick_accelerator_check_runs_every_device_arm_and_writes_its_table(
   assert "| vmapped_over_purejaxrl |" in table
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow  # four embedded DQN runs on the CPU (Atari's Nature CNN at batch 256 the longest): about 1.5 min
 def test_the_quick_check_runs_embedded_dqn_on_the_cpu_and_skips_what_needs_an_accelerator(tmp_path):
   record, table = _check(tmp_path, "embedded,distributed")

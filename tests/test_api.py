@@ -157,7 +157,6 @@ def _train(learner, batches):
   return params_digest(learner.params(state)), state
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(AGENT_CASES))
 def test_default_loss_passed_explicitly_gives_the_same_bytes(name):

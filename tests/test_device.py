@@ -133,7 +133,6 @@ BAD_INPUTS = {
 }
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_bad_input_gives_one_line_and_status_2(tmp_path):
@@ -154,7 +153,6 @@ def _read(path):
     return list(csv.DictReader(f))
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_an_env_of_your_own_runs_in_the_loop_and_is_learned(tmp_path):
@@ -210,7 +208,6 @@ def test_r2d2_learns_gymnax_cartpole_in_the_loop(tmp_path):
   assert summary["details"]["loop_compiles"] == 0
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_ppo_reaches_475_on_gymnax_cartpole_and_writes_the_run_directory(tmp_path):
@@ -249,7 +246,6 @@ def _short_run(tmp_path, name, agent, steps, chunk_steps=None, **exp_fields):
   return run_device(exp, cfg, chunk_steps=chunk_steps)
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_same_seed_same_bytes_and_chunking_does_not_change_training(tmp_path):
@@ -270,7 +266,6 @@ def test_same_seed_same_bytes_and_chunking_does_not_change_training(tmp_path):
     assert untimed("a", role) == untimed("b", role) == untimed("c", role), role
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_a_run_resumed_from_its_checkpoint_ends_with_the_same_bytes(tmp_path):
@@ -366,7 +361,6 @@ json.dump({"devices": jax.device_count(), **out}, open(sys.argv[1] + "/out.json"
 """
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_two_devices_learn_as_one(tmp_path):
@@ -423,7 +417,6 @@ def test_prioritized_sampling_follows_priorities_and_updates_them():
   assert float(updated.priority[0, 1]) == 0.5 and float(updated.priority[0, 0]) == 1.0
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_evaluations_inside_one_chunk_keep_the_best_parameters_and_stop_at_the_threshold(tmp_path, capsys):
@@ -468,7 +461,6 @@ def test_evaluations_inside_one_chunk_keep_the_best_parameters_and_stop_at_the_t
 BEFORE_IN_LOOP_EVALUATION = "18d3c4a"  # the last commit whose device runs evaluated between chunks, on the host
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_a_device_checkpoint_written_before_evaluation_moved_into_the_loop_resumes(tmp_path):
@@ -501,7 +493,6 @@ def test_a_device_checkpoint_written_before_evaluation_moved_into_the_loop_resum
   assert evals("old") == evals("whole") and len(evals("whole")) == 3
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_an_identical_second_command_loads_the_compiled_loop_from_the_cache(tmp_path):
@@ -575,7 +566,8 @@ def test_a_device_run_compiles_its_chunk_beside_the_init(tmp_path, monkeypatch):
   assert summary["details"]["loop_compiles"] == 0
 
 
-@pytest.mark.slow  # four processes, each compiling a device run's programs
+@pytest.mark.slow  # four processes, each compiling a device run's programs: a benchmark's run (make test-long)
+@pytest.mark.long
 @pytest.mark.needs_gymnax
 def test_the_overlapped_compile_bench_runs_its_arms(tmp_path):
   """bench/overlapped_compile.py, small: both kinds of run, both ways of compiling, one repeat."""

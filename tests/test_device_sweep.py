@@ -25,7 +25,6 @@ def _leaves(tree):
   return [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow  # compiles the chunk twice (vmapped and alone): about a minute
 def test_seed_k_of_a_vmapped_sweep_starts_as_run_k_and_differs_by_float_error_after_a_chunk():
   """Seed k's carry is the single run's bytes at the start (init is vmapped over traced seeds);
@@ -61,7 +60,6 @@ def test_seed_k_of_a_vmapped_sweep_starts_as_run_k_and_differs_by_float_error_af
     assert step > 1e-3 and diff < 1e-5, (step, diff)
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow  # three sweeps
 def test_a_vmapped_sweep_resumed_from_its_checkpoints_ends_with_the_same_bytes(tmp_path):
   """Two DQN seeds in one program, stopped at half the budget and resumed, end with the
@@ -105,7 +103,6 @@ def test_a_vmapped_sweep_outside_one_process_is_refused_in_one_line(tmp_path, fl
   assert not run_dir.exists()
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow  # a launch.sweep command: compiles the vmapped loop
 def test_launch_sweep_with_the_device_backend_runs_every_seed_in_one_program_and_reports(tmp_path):
   run_dir = tmp_path / "sweep"
@@ -161,7 +158,6 @@ def test_a_grid_field_the_program_cannot_trace_is_refused_in_one_line(flags, fie
   assert not run_dir.exists()
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow  # a launch.sweep command of 12 runs in one program
 def test_a_grid_of_three_learning_rates_by_four_seeds_writes_twelve_runs_and_compares_the_points(tmp_path):
   run_dir = tmp_path / "grid"

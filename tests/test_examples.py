@@ -141,7 +141,6 @@ def test_custom_agent_and_env_factory_distributed(tmp_path):
   assert summary["actor_steps"] >= 1500 and summary["learner_steps"] > 0 and summary["evaluations"] >= 1
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow
 def test_seed_sweep_example_compares_two_agents_in_one_report(tmp_path, monkeypatch, capsys):
   """Into its own folder by default: it wrote runs/compare, where the sweeps page has a user's
@@ -165,7 +164,6 @@ def test_seed_sweep_example_compares_two_agents_in_one_report(tmp_path, monkeypa
   assert printed[-1].endswith("| runs/examples/seed_sweep/report.md"), printed[-3:]
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_device_run_example_writes_a_run_directory(tmp_path):

@@ -201,7 +201,6 @@ def test_atari_runs_share_frames_and_other_envs_do_not():
 
 
 @pytest.mark.slow
-@pytest.mark.in_pairs
 def test_a_deterministic_atari_run_learns_the_same_bytes_with_shared_frames(tmp_path, monkeypatch):
   """The embedded --deterministic DQN on ALE Pong: frame sharing on (the default) and off end with
   the same parameter digest. (Pong: its evaluation game ends within about 1,000 steps, where an

@@ -61,7 +61,6 @@ def test_relative_run_dir_through_final_checkpoint_resume_and_evaluate(tmp_path,
     assert sorted(os.listdir(tmp_path)) == ["rel"] and sorted(os.listdir(tmp_path / "rel")) == ["run"]
 
 
-@pytest.mark.in_pairs
 def test_relative_sweep_folder_runs_every_seed_and_reports(tmp_path):
   out = _run("launch.sweep", "--seeds", "0-1", "--run_dir", "rel/sweep", "--deterministic", *SHORT,
              cwd=tmp_path, timeout=600)

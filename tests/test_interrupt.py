@@ -79,7 +79,6 @@ def _check_interrupted_and_resumed(run_dir, sig, status, err, budget, reference)
   assert resumed["params_digest"] == reference["params_digest"]
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow
 def test_embedded_run_interrupted_by_sigint_or_sigterm_checkpoints_and_resumes_to_the_same_bytes(tmp_path):
   _train([*EMBEDDED, "--run_dir", str(tmp_path / "whole")])
@@ -90,7 +89,6 @@ def test_embedded_run_interrupted_by_sigint_or_sigterm_checkpoints_and_resumes_t
     _check_interrupted_and_resumed(run_dir, sig, status, err, 6000, reference)
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_device_run_interrupted_by_sigint_checkpoints_and_resumes_to_the_same_bytes(tmp_path):
@@ -138,7 +136,6 @@ def test_a_stopped_distributed_program_has_its_learner_checkpoint_first_and_resu
   assert summary["resumed"] and summary["actor_steps"] >= budget
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_vmapped_sweep_interrupted_checkpoints_every_run_and_the_same_command_continues_them(tmp_path):

@@ -36,7 +36,6 @@ def old_summary(name: str) -> dict:
     return json.load(f)
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow
 @pytest.mark.parametrize("name, steps", [pytest.param("dqn", 3072),
                                          pytest.param("device-ppo", 6144, marks=pytest.mark.needs_gymnax)])

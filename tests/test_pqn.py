@@ -163,7 +163,6 @@ def test_pqn_through_a_reverb_queue(tmp_path):
   assert summary["learner_steps"] == 4_096 // (8 * cfg.sequence_length)
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow
 def test_defaults_reach_475_on_cartpole_within_100k_steps(tmp_path):
   """Seed 0, deterministic replay."""
@@ -175,7 +174,6 @@ def test_defaults_reach_475_on_cartpole_within_100k_steps(tmp_path):
   assert summary["best_eval_return"] >= 475
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow
 @pytest.mark.needs_gymnax
 def test_defaults_reach_475_on_gymnax_cartpole_on_device_within_100k_steps(tmp_path):

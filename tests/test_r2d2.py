@@ -260,7 +260,6 @@ def test_r2d2_runs_distributed_with_the_state_on_the_inference_server(tmp_path):
   assert summary["learner_steps"] > 0
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow
 def test_a_resumed_seeded_run_ends_with_the_same_bytes(tmp_path):
   """The checkpoint holds the open sequences, the policy's core states and the is_first flags."""

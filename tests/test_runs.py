@@ -23,7 +23,6 @@ def _metric_values(run_dir):
   return values
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow
 def test_deterministic_runs_repeat_bytes_and_metrics(tmp_path):
   summaries = []
@@ -72,7 +71,6 @@ def test_reverb_run_writes_the_run_directory(tmp_path):
     ("ppo", "CartPole-v1", 100_000, 5_000, None),
     ("impala", "CartPole-v1", 200_000, 10_000, None),
 ])
-@pytest.mark.in_pairs
 @pytest.mark.slow
 def test_shipped_defaults_reach_the_threshold(tmp_path, agent, env, steps, eval_every, threshold):
   """Each agent's shipped defaults reach the mean greedy return (10 episodes) the issue sets,
@@ -85,7 +83,6 @@ def test_shipped_defaults_reach_the_threshold(tmp_path, agent, env, steps, eval_
   assert summary["best_eval_return"] >= summary["reward_threshold"]
 
 
-@pytest.mark.in_pairs
 @pytest.mark.slow
 def test_gaussian_ppo_learns_pendulum(tmp_path):
   """PPO's Gaussian head on a Box action space: the README's Pendulum flags reach -250 within
