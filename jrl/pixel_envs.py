@@ -10,8 +10,8 @@ suffix names another one (`ALE/Pong-v5@none` is the raw ALE env). Presets:
   the episode (terminated, so no bootstrap) and the next reset continues the same game with a
   no-op step; evaluation plays whole games. Games with a FIRE action press it to start play
   (`FireReset`): at every reset, so in training after every lost life, and in evaluation after a
-  lost life too (a policy trained so never learns to press FIRE itself). Rewards are not clipped here: that is the agents'
-  `reward_clip` option, so evaluation returns are game scores. An episode ends (truncated) at
+  lost life too (a policy trained so never learns to press FIRE itself). Rewards are not clipped
+  here: that is the agents' `reward_clip` option, so evaluation returns are game scores. An episode ends (truncated) at
   ALE v5's 108,000 frames, 27,000 agent steps (`episode_step_cap`).
 - `minatar`: the MinAtar env as the `minatar` package registers it ((10, 10, C) bool object
   planes, channels last; its own sticky actions, 0.1), truncated at 10,000 steps (MinAtar has
@@ -185,7 +185,8 @@ def make_env(env_id: str, preset: Optional[str], evaluation: bool = False, **mak
   register(env_id)
   if preset == "atari":
     env = gym.make(env_id, frameskip=1, **make_kwargs)
-    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=FRAME_SKIP, screen_size=84,
+                                          grayscale_obs=True)
     if not evaluation:
       env = EpisodicLife(env)
     if needs_fire(env):  # outside EpisodicLife: in training a lost life's reset presses it

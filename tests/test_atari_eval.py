@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from jrl import envs, pixel_envs
-from jrl.actors.evaluator import Evaluator, EvaluationAbandoned
+from jrl.actors.evaluator import EvaluationAbandoned, Evaluator
 from jrl.agents import dqn, exploration
 from jrl.experiment.checkpoint import Checkpointer
 from jrl.types import ActorState, PolicyFns, initial_actor_state

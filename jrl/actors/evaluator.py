@@ -34,6 +34,7 @@ class EvaluationAbandoned(Exception):
 
 
 def never() -> bool:
+  """The stop predicate of an evaluator that nothing stops."""
   return False
 
 
