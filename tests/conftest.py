@@ -83,6 +83,7 @@ TEST_HOSTS_FIXTURES = ("slurm", "two_ray_hosts")
 TEST_HOSTS_GROUP = "test_hosts"
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the xdist_group marks into node ids
 def pytest_collection_modifyitems(config, items):
   excluded = CORE_EXCLUDED if config.getoption("--core") else FULL_EXCLUDED
   kept, deselected = [], []
