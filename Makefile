@@ -20,12 +20,12 @@ train: setup
 # The fast tier (a few minutes): everything but the tests marked slow (learning to a threshold,
 # real Launchpad programs, Slurm, whole commands), one pytest worker per core (PARALLEL; a test
 # file's tests share a worker). `make test-all` runs both tiers (CI does): the fast one so, then the
-# slow one two tests at a time (SLOW_PARALLEL; each worker takes the next test as it finishes one, and
-# the tests on the project's test hosts, which are one set per machine, run one after another on one
-# worker: tests/conftest.py's TEST_HOSTS_GROUP).
+# slow one two tests at a time (SLOW_PARALLEL; each worker takes the next test as it finishes one; the
+# tests on the project's test hosts, one set per machine, come first and hold them one at a time:
+# tests/conftest.py's holding_test_hosts).
 # `make test-long` the learning runs of many minutes that CI leaves out (marked long).
 PARALLEL ?= -n auto --dist loadfile
-SLOW_PARALLEL ?= -n 2 --dist loadgroup
+SLOW_PARALLEL ?= -n 2 --dist worksteal
 
 test: setup
 	bash scripts/run_tests.sh -m "not slow" $(PARALLEL) $(PYTEST_ARGS)

@@ -2,8 +2,8 @@
 
 Tiers: tests that train to a threshold or start real programs (Launchpad, Slurm, whole
 `launch.*` commands) are marked `slow`. `make test` runs the rest (`-m "not slow"`, a few
-minutes); `make test-all` runs both (CI), the slow tier two tests at a time (`--dist loadgroup`:
-the tests on the project's test hosts one after another, `TEST_HOSTS_GROUP`). Tests marked `long`
+minutes); `make test-all` runs both (CI), the slow tier two tests at a time (`--dist worksteal`:
+the tests on the project's test hosts one after another, `holding_test_hosts`). Tests marked `long`
 as well (learning runs of many minutes, e.g. to a threshold across a three-host Slurm cluster, and
 the benchmarks' own runs) run only with `make test-long`; each learning run has a short sibling in
 the slow tier that checks the same wiring.
@@ -20,6 +20,8 @@ deselected, and a file whose `pytestmark` names it is not imported: Ray is the c
 missing package fails loudly.
 """
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -76,14 +78,30 @@ def pytest_ignore_collect(collection_path, config):
   return None
 
 
-# The fixtures of the project's test hosts (network namespaces 10.200.0.x: a Slurm cluster, or Ray nodes):
-# one set per machine, so their tests are one xdist group (`--dist loadgroup`: one worker runs them one
-# after another) and come first (they take the longest together; the other worker takes the rest meanwhile).
+# The fixtures of the project's test hosts (network namespaces 10.200.0.x: a Slurm cluster, or Ray nodes).
+# They are one set per machine: a test holds them through `holding_test_hosts` (a lock other pytest workers
+# wait on), and their tests come first in the collection, so that under `--dist worksteal` one worker
+# starts on them at once and the other takes the rest (a worker steals from the end of another's queue).
+# (pytest-xdist's xdist_group marks do not group tests under pytest 9: its worker's node ids keep no group.)
 TEST_HOSTS_FIXTURES = ("slurm", "two_ray_hosts")
-TEST_HOSTS_GROUP = "test_hosts"
+TEST_HOSTS_LOCK = os.path.join(tempfile.gettempdir(), "jrl-test-hosts.lock")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the xdist_group marks into node ids
+def on_test_hosts(item) -> bool:
+  return bool(set(TEST_HOSTS_FIXTURES) & set(getattr(item, "fixturenames", ())))
+
+
+@contextlib.contextmanager
+def holding_test_hosts():
+  """The project's test hosts for this process alone while inside (an exclusive lock on TEST_HOSTS_LOCK)."""
+  with open(TEST_HOSTS_LOCK, "a") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def pytest_collection_modifyitems(config, items):
   excluded = CORE_EXCLUDED if config.getoption("--core") else FULL_EXCLUDED
   kept, deselected = [], []
@@ -91,10 +109,7 @@ def pytest_collection_modifyitems(config, items):
     (deselected if any(item.get_closest_marker(m) for m in excluded) else kept).append(item)
   if deselected:
     config.hook.pytest_deselected(items=deselected)
-  on_hosts = [item for item in kept if set(TEST_HOSTS_FIXTURES) & set(getattr(item, "fixturenames", ()))]
-  for item in on_hosts:
-    item.add_marker(pytest.mark.xdist_group(TEST_HOSTS_GROUP))
-  items[:] = on_hosts + [item for item in kept if item not in on_hosts]  # the same order in every worker
+  items[:] = sorted(kept, key=lambda item: not on_test_hosts(item))  # stable: the same order in every worker
 
 
 _passed = []  # tests that passed, as reported to this process (with -n: the controller hears every worker)
@@ -125,13 +140,14 @@ needs_slurm = pytest.mark.skipif(
 def slurm():
   """A fresh 3-host Slurm cluster (scripts/slurm_test_cluster.sh: network namespaces on this
   machine) for one test; the environment that points Slurm's commands at it."""
-  state = tempfile.mkdtemp(prefix="jrl-slurm-")  # munged wants every folder above its socket searchable
-  up = subprocess.run([SLURM_CLUSTER, "up", state], capture_output=True, text=True, timeout=120)
-  assert up.returncode == 0, up.stdout + up.stderr
-  yield dict(os.environ, SLURM_CONF=os.path.join(state, "slurm.conf"))
-  down = subprocess.run([SLURM_CLUSTER, "down", state], capture_output=True, text=True, timeout=180)
-  assert down.returncode == 0, down.stderr
-  shutil.rmtree(state, ignore_errors=True)
+  with holding_test_hosts():
+    state = tempfile.mkdtemp(prefix="jrl-slurm-")  # munged wants every folder above its socket searchable
+    up = subprocess.run([SLURM_CLUSTER, "up", state], capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stdout + up.stderr
+    yield dict(os.environ, SLURM_CONF=os.path.join(state, "slurm.conf"))
+    down = subprocess.run([SLURM_CLUSTER, "down", state], capture_output=True, text=True, timeout=180)
+    assert down.returncode == 0, down.stderr
+    shutil.rmtree(state, ignore_errors=True)
 
 
 

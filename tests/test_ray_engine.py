@@ -15,6 +15,7 @@ import time
 import psutil
 import pytest
 
+from conftest import holding_test_hosts
 from jrl.accelerators import ray_gpus
 from jrl.errors import ConfigError
 from jrl.experiment.summary import KEYS
@@ -228,29 +229,30 @@ def two_ray_hosts(tmp_path):
   """A Ray cluster of two of the project's test hosts (network namespaces, scripts/slurm_test_cluster.sh
   hosts): its head on node1 (10.200.0.1, no CPUs of its own to give), a worker on node2 (10.200.0.2,
   two CPUs: the actors'). Yields (address, start_worker, in_host): the worker can be started again."""
-  state = tempfile.mkdtemp(prefix="jrl-rayhosts-")
-  up = subprocess.run([CLUSTER, "hosts", state], capture_output=True, text=True, timeout=120)
-  assert up.returncode == 0, up.stdout + up.stderr
-  ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
-  port = "6390"  # on the test hosts' own addresses: no other service listens there
+  with holding_test_hosts():  # the test hosts are one set per machine
+    state = tempfile.mkdtemp(prefix="jrl-rayhosts-")
+    up = subprocess.run([CLUSTER, "hosts", state], capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stdout + up.stderr
+    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+    port = "6390"  # on the test hosts' own addresses: no other service listens there
 
-  def in_host(i, command):
-    return ["nsenter", f"--net=/run/netns/slurmns{i}", *command]
+    def in_host(i, command):
+      return ["nsenter", f"--net=/run/netns/slurmns{i}", *command]
 
-  def start(i, *args):
-    out = subprocess.run(in_host(i, [ray_bin, "start", "--node-ip-address", f"10.200.0.{i}", "--disable-usage-stats",
-                                     "--temp-dir", os.path.join(state, f"ray{i}"), *args]),
-                         capture_output=True, text=True, timeout=180, env=RAY_TOKEN_ENV)
-    assert out.returncode == 0, out.stdout + out.stderr
+    def start(i, *args):
+      out = subprocess.run(in_host(i, [ray_bin, "start", "--node-ip-address", f"10.200.0.{i}", "--disable-usage-stats",
+                                       "--temp-dir", os.path.join(state, f"ray{i}"), *args]),
+                           capture_output=True, text=True, timeout=180, env=RAY_TOKEN_ENV)
+      assert out.returncode == 0, out.stdout + out.stderr
 
-  try:
-    start(1, "--head", "--port", port, "--num-cpus", "0", "--include-dashboard", "false")
-    start_worker = lambda: start(2, "--address", f"10.200.0.1:{port}", "--num-cpus", "2")  # noqa: E731
-    start_worker()
-    yield f"10.200.0.1:{port}", start_worker, in_host
-  finally:
-    down = subprocess.run([CLUSTER, "down", state], capture_output=True, text=True, timeout=180)
-    assert down.returncode == 0, down.stderr
+    try:
+      start(1, "--head", "--port", port, "--num-cpus", "0", "--include-dashboard", "false")
+      start_worker = lambda: start(2, "--address", f"10.200.0.1:{port}", "--num-cpus", "2")  # noqa: E731
+      start_worker()
+      yield f"10.200.0.1:{port}", start_worker, in_host
+    finally:
+      down = subprocess.run([CLUSTER, "down", state], capture_output=True, text=True, timeout=180)
+      assert down.returncode == 0, down.stderr
 
 
 @pytest.mark.slow
