@@ -339,9 +339,9 @@ class RayProgram:
                       "expendable": all(name.startswith("actor/") for name in names), "silent_seconds": 0.0}
     os.makedirs(os.path.dirname(liveness.lost_path(run_dir)), exist_ok=True)
     write_json(liveness.lost_path(run_dir), record)
+    actors_left = [n for n in self.nodes if n.group == "actor" and n not in lost_now]
     for node in lost_now:
       node.host, node.where = None, None  # a restarted node says where it is again
-    actors_left = [n for n in self.nodes if n.group == "actor" and (n.host is None or n.host[0] not in dead)]
     essential = [name for names in by_host.values() for name in names if not name.startswith("actor/")]
     if essential or not actors_left:
       host = ", ".join(sorted(by_host))
@@ -368,8 +368,9 @@ class RayProgram:
   def _checkpoint_before_stop(self, handles, run_dir: str, why: str = "") -> None:
     if os.path.exists(os.path.join(run_dir, SUMMARY_FILE)):
       return
+    again = "" if why else "; the same signal again stops at once"  # `why`: not a signal (a lost host)
     print(f"[launcher] {why + ': ' if why else ''}stopping: the learner writes a checkpoint first (at most "
-          f"{STOP_CHECKPOINT_SECONDS:.0f} s; the same signal again stops at once)", flush=True)
+          f"{STOP_CHECKPOINT_SECONDS:.0f} s{again})", flush=True)
     future = handles["learner"].future("checkpoint")
     deadline = time.monotonic() + STOP_CHECKPOINT_SECONDS
     while not future.done():
