@@ -73,10 +73,6 @@ def make_gymnax_env(env_id: str) -> Tuple[Any, Any]:
   return env, params
 
 
-def check_device_env_id(env_id: str) -> None:
-  make_gymnax_env(env_id)
-
-
 def reward_threshold(env_id: str) -> Optional[float]:
   """gymnasium's threshold for the same id where gymnasium has the env (CartPole-v1: 475); a
   factory's env: its `reward_threshold` attribute, if it has one."""

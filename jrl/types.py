@@ -10,7 +10,7 @@ Conventions, stated once for the whole library:
   k-step transition, and 0 once the episode terminated (truncation keeps it).
 """
 
-from typing import Any, Callable, Dict, NamedTuple, Protocol, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Tuple
 
 import jax
 
@@ -60,11 +60,6 @@ class ActorState(NamedTuple):
 def initial_actor_state(key: PRNGKey, num_envs: int = 0) -> ActorState:
   del num_envs  # a feed-forward policy keeps nothing per env
   return ActorState(key, jax.numpy.zeros((), jax.numpy.int32))
-
-
-class InitFn(Protocol):
-  def __call__(self, key: PRNGKey) -> Any:
-    ...
 
 
 class LearnerFns(NamedTuple):

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jrl.agents import dqn, get_agent
+from jrl.agents import dqn, exploration, get_agent
 from jrl.agents.dqn.learning import td_errors
 from jrl.agents.dqn.networks import Networks
 from jrl.errors import ConfigError
@@ -141,7 +141,7 @@ def test_policies_greedy_and_epsilon_schedule():
   action, _, _ = jax.jit(evaluation.select_action)(params, obs, first, eval_state)
   np.testing.assert_array_equal(action, greedy)
 
-  schedule = dqn.acting.epsilon_schedule(cfg)
+  schedule = exploration.epsilon_schedule(cfg)
   assert float(schedule(0)) == pytest.approx(1.0)
   assert float(schedule(50)) == pytest.approx(0.55)
   assert float(schedule(1000)) == pytest.approx(0.1)

@@ -41,10 +41,6 @@ def save_policy(run_dir: str, which: str, params: Any, info: Dict[str, Any]) -> 
   write_json(info_path, dict(info))
 
 
-def read_policy_info(run_dir: str, which: str) -> Dict[str, Any]:
-  return read_json(snapshot_paths(run_dir, which)[1])
-
-
 # Loading.
 
 def load_config(run_dir: str) -> Tuple[Any, Any]:

@@ -5,8 +5,6 @@ from jrl.agents.dqn.config import Config
 from jrl.agents.dqn.networks import Networks
 from jrl.types import PolicyFns
 
-epsilon_schedule = exploration.epsilon_schedule  # epsilon_init -> epsilon_final over epsilon_decay_steps
-
 
 def make_policy(networks: Networks, cfg: Config, evaluation: bool = False) -> PolicyFns:
   """Epsilon-greedy on the Q-values; no extras."""
