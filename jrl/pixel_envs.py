@@ -150,14 +150,17 @@ class FireReset(gym.Wrapper):
 
   def step(self, action):
     obs, reward, terminated, truncated, info = self.env.step(action)
+    if not self._after_lost_life:  # training: a lost life ends the episode, and its reset presses FIRE
+      return obs, reward, terminated, truncated, info
     lives = self.env.unwrapped.ale.lives()
-    if self._after_lost_life and lives < self._lives:
+    if lives < self._lives:
       for fire in FIRE_STEPS:
         if terminated or truncated:
           break
         obs, more, terminated, truncated, info = self.env.step(fire)
         reward += more
-    self._lives = self.env.unwrapped.ale.lives()
+      lives = self.env.unwrapped.ale.lives()
+    self._lives = lives
     return obs, reward, terminated, truncated, info
 
 
